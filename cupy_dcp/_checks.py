@@ -1,0 +1,74 @@
+"""Validation at the public boundary: every check runs before anything is exchanged."""
+
+import numpy as np
+
+from .layout import SUPPORTED_DTYPES, as_dtype
+
+__all__ = ["check_inputs", "check_mask", "check_out", "lse_float32_dtype"]
+
+
+def _shape(x):
+    return tuple(int(s) for s in x.shape)
+
+
+def check_inputs(out, lse, world_size):
+    """Check ``out [B, H, D]`` and ``lse [B, H]``; return ``(B, H, D, dtype)``."""
+    shape = _shape(out)
+    if len(shape) != 3:
+        raise ValueError(f"cp_attn_out must be [B, H, D] (got shape {shape})")
+    try:
+        dtype = as_dtype(out.dtype)
+    except TypeError:
+        dtype = None
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"cp_attn_out dtype must be float16, bfloat16 or float32 (got {out.dtype})")
+    B, H, D = shape
+    if D < 1:
+        raise ValueError(f"cp_attn_out head size D must be >= 1 (got {D})")
+    if _shape(lse) != (B, H):
+        raise ValueError(f"cp_attn_lse must be [B, H] = {(B, H)} (got shape {_shape(lse)})")
+    lse_float32_dtype(lse.dtype)
+    if H % world_size:
+        raise ValueError(
+            f"num_heads must be divisible by world_size (got H={H}, N={world_size})")
+    return B, H, D, dtype
+
+
+def lse_float32_dtype(dtype):
+    """The LSE is converted to float32 from any float dtype; integers are refused."""
+    try:
+        dt = as_dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt is None or dt.kind not in "fV" or dt.itemsize not in (2, 4, 8):
+        raise TypeError(f"cp_attn_lse must be a float array (got dtype {dtype})")
+    return dt
+
+
+def check_out(out, shape, dtype):
+    """Check a caller-provided result array ``out`` against ``shape`` and ``dtype``."""
+    if _shape(out) != tuple(shape):
+        raise ValueError(f"out must have shape {tuple(shape)} (got {_shape(out)})")
+    try:
+        got = as_dtype(out.dtype)
+    except TypeError:
+        got = out.dtype
+    if got != dtype:
+        raise TypeError(f"out must have dtype {dtype} (got {out.dtype})")
+
+
+def check_mask(seq_lens, query_start_loc):
+    """``seq_lens [S]`` and ``query_start_loc [S+1]`` come together, as integers."""
+    if (seq_lens is None) != (query_start_loc is None):
+        raise ValueError("seq_lens and query_start_loc must be given together (got only "
+                         + ("seq_lens)" if query_start_loc is None else "query_start_loc)"))
+    if seq_lens is None:
+        return
+    for name, arr in (("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
+        if len(arr.shape) != 1 or np.dtype(arr.dtype).kind not in "iu":
+            raise TypeError(f"{name} must be a 1-D integer array (got {arr.dtype} of shape {_shape(arr)})")
+    if query_start_loc.shape[0] != seq_lens.shape[0] + 1:
+        raise ValueError(
+            "query_start_loc must have len(seq_lens) + 1 entries "
+            f"(got {query_start_loc.shape[0]} for {seq_lens.shape[0]} sequences)")

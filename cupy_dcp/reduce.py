@@ -1,0 +1,88 @@
+"""dcp_a2a_lse_reduce: pack, ONE all-to-all, exact combine."""
+
+import numpy as np
+
+from . import _checks
+from .comm import as_communicator
+from .layout import as_dtype, bits_dtype, send_buffer_shape
+from .kernels import combine_host, pack_host
+from .reference import unpack_reference
+
+__all__ = ["dcp_a2a_lse_reduce"]
+
+
+def _is_host_array(x):
+    return isinstance(x, np.ndarray)
+
+
+def dcp_a2a_lse_reduce(cp_attn_out, cp_attn_lse, comm, return_lse=False,
+                       is_lse_base_on_e=True, out=None, seq_lens=None,
+                       query_start_loc=None):
+    """Combine the partial attention outputs of a DCP group; rank r keeps heads r*H/N ... (r+1)*H/N-1.
+
+    Collective: every rank of ``comm`` calls it with the same B, H, D and dtype.
+
+    Args:
+        cp_attn_out: ``[B, H, D]`` float16, bfloat16 or float32, any strides;
+            this rank's partial attention output for all H heads of B tokens.
+        cp_attn_lse: ``[B, H]`` float; the LSE of the scores this rank saw
+            (converted to float32; NaN and +inf mean "empty").
+        comm: a :class:`Communicator` or an mpi4py communicator of N ranks.
+        return_lse: also return the global LSE.
+        is_lse_base_on_e: natural-log LSEs; ``False`` for base 2.
+        out: optional ``[B, H/N, D]`` array of ``cp_attn_out``'s dtype that
+            receives the result (any strides).
+        seq_lens: optional ``[S]`` integers, this rank's KV length of each
+            sequence; a sequence of length 0 contributes nothing.
+        query_start_loc: ``[S+1]`` integers, the first token of each sequence;
+            tokens at or past ``query_start_loc[-1]`` are padding and contribute
+            nothing. Given together with ``seq_lens``.
+
+    Returns:
+        ``[B, H/N, D]`` in ``cp_attn_out``'s dtype (``out`` when given): the
+        exact attention output of this rank's heads; with ``return_lse``, also
+        the global LSE ``[B, H/N]`` float32. A group of one returns its inputs.
+
+    Raises:
+        ValueError, TypeError: bad shapes or dtypes, before anything is exchanged.
+    """
+    comm = as_communicator(comm)
+    n = comm.world_size
+    B, H, D, dtype = _checks.check_inputs(cp_attn_out, cp_attn_lse, n)
+    hn = H // n
+    if out is not None:
+        _checks.check_out(out, (B, hn, D), dtype)
+    _checks.check_mask(seq_lens, query_start_loc)
+    if not (_is_host_array(cp_attn_out) and _is_host_array(cp_attn_lse)):
+        raise TypeError("cp_attn_out and cp_attn_lse must both be NumPy arrays "
+                        f"(got {type(cp_attn_out).__name__} and {type(cp_attn_lse).__name__})")
+    return _reduce_host(cp_attn_out, cp_attn_lse, comm, return_lse, is_lse_base_on_e,
+                        out, seq_lens, query_start_loc, dtype)
+
+
+def _reduce_host(x, lse, comm, return_lse, base_e, out, seq_lens, query_start_loc, dtype):
+    B, H, D = x.shape
+    n = comm.world_size
+    lse32 = np.asarray(lse, dtype=np.float32)
+    if n == 1:
+        if out is not None:
+            out[...] = x
+            x = out
+        return (x, lse32) if return_lse else x
+    ubits = bits_dtype(dtype)
+    send = np.empty(send_buffer_shape(n, B, H, D, dtype), dtype=ubits)
+    recv = np.empty_like(send)
+    if seq_lens is not None:
+        seq_lens = np.asarray(seq_lens)
+        query_start_loc = np.asarray(query_start_loc)
+    pack_host(x.view(ubits), lse32.view(np.uint32), send, seq_lens, query_start_loc)
+    comm.alltoall_host(send, recv)
+    parts, lses = unpack_reference(recv.view(dtype), D)
+    acc = np.empty((B, H // n, D), dtype=np.float64)
+    global_lse = np.empty((B, H // n), dtype=np.float64)
+    combine_host(parts.astype(np.float32), lses, acc, global_lse, base_e)
+    result = acc.astype(np.float32).astype(dtype)
+    if out is not None:
+        out[...] = result
+        result = out
+    return (result, global_lse.astype(np.float32)) if return_lse else result

@@ -1,0 +1,103 @@
+"""Turn caller arrays into Numba device arrays (zero-copy views) and pick streams.
+
+Arrays arrive as CuPy arrays, Numba device arrays or anything with
+``__cuda_array_interface__`` (CAI) or DLPack; DLPack-only objects go through
+CuPy. Views are made with ``sync=False``: stream ordering is the caller's
+business (the kernels run on the stream they are given), and a synchronising
+conversion would break CUDA-graph capture. Under the CUDA simulator, NumPy
+arrays stand for device arrays.
+"""
+
+import numpy as np
+from numba import config, cuda
+
+__all__ = ["kernel_array", "launch_stream", "dummy_index"]
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError:
+        return None
+    return cupy
+
+
+def _cai(obj):
+    cupy = _cupy()
+    if cupy is not None and isinstance(obj, cupy.ndarray):
+        # CuPy may not export a CAI for dtypes it holds through ml_dtypes (bfloat16).
+        return {"shape": obj.shape, "strides": obj.strides, "data": (obj.data.ptr, False),
+                "typestr": "|u1", "version": 3}
+    desc = getattr(obj, "__cuda_array_interface__", None)
+    if desc is not None:
+        return dict(desc)
+    if hasattr(obj, "__dlpack__"):
+        if cupy is None:
+            raise RuntimeError("arrays handed over by DLPack need CuPy (pip install cupy-cuda12x)")
+        return _cai(cupy.from_dlpack(obj))
+    raise TypeError(f"expected a CUDA array (CAI or DLPack) (got {type(obj).__name__})")
+
+
+def kernel_array(obj, dtype, name="array"):
+    """A zero-copy Numba view of ``obj`` whose elements are seen as ``dtype`` (same size)."""
+    dtype = np.dtype(dtype)
+    if config.ENABLE_CUDASIM:
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        host = obj._ary if isinstance(obj, FakeCUDAArray) else np.asarray(obj)
+        return FakeCUDAArray(host.view(dtype))  # written in place, strides kept
+    if isinstance(obj, np.ndarray):
+        raise TypeError(f"{name} must be a device array (got numpy.ndarray)")
+    desc = _cai(obj)
+    shape = tuple(desc["shape"])
+    strides = desc.get("strides")
+    if strides is None:  # C-contiguous, by the CAI's convention
+        strides, step = [], dtype.itemsize
+        for extent in reversed(shape):
+            strides.insert(0, step)
+            step *= extent
+    desc.update(typestr=dtype.str, strides=tuple(strides), shape=shape)
+    desc.pop("stream", None)
+    desc.pop("mask", None)
+    return cuda.from_cuda_array_interface(desc, owner=obj, sync=False)
+
+
+def launch_stream(stream):
+    """The Numba stream for ``stream``: ``None`` means CuPy's current stream.
+
+    Accepts a CuPy stream, a Numba stream, an object with ``__cuda_stream__``
+    or a raw ``cudaStream_t`` as an int.
+    """
+    if config.ENABLE_CUDASIM:
+        return 0
+    ptr = stream_ptr(stream)
+    return cuda.external_stream(ptr) if ptr else cuda.default_stream()
+
+
+def stream_ptr(stream):
+    """The raw ``cudaStream_t`` of ``stream`` (``None``: CuPy's current stream, else 0)."""
+    if stream is None:
+        cupy = _cupy()
+        return cupy.cuda.get_current_stream().ptr if cupy is not None else 0
+    if isinstance(stream, int):
+        return stream
+    if hasattr(stream, "ptr"):
+        return int(stream.ptr)
+    if hasattr(stream, "handle"):  # Numba stream
+        handle = stream.handle
+        return int(getattr(handle, "value", handle) or 0)
+    if hasattr(stream, "__cuda_stream__"):
+        return int(stream.__cuda_stream__()[1])
+    raise TypeError(f"stream must be a CUDA stream or its handle (got {type(stream).__name__})")
+
+
+_DUMMY = {}
+
+
+def dummy_index():
+    """A one-element int64 device array for kernels called without a mask."""
+    key = "sim" if config.ENABLE_CUDASIM else cuda.get_current_device().id
+    if key not in _DUMMY:
+        host = np.zeros(1, dtype=np.int64)
+        _DUMMY[key] = host if config.ENABLE_CUDASIM else cuda.to_device(host)
+    return _DUMMY[key]

@@ -1,0 +1,153 @@
+"""The combine math of one (token, head) row, written once for every target.
+
+``build_math(ftype, jit)`` compiles these scalar functions with ``jit`` (Numba's
+``njit`` for the host kernels, ``cuda.jit(device=True)`` for the CUDA kernels)
+in the float type ``ftype`` (float64 on the host, float32 on the GPU). Every
+constant is typed through ``ftype`` so that no float32 kernel silently widens
+to float64.
+
+For a row with shard LSEs ``l_r`` (NaN and +inf cleaned to -inf):
+
+- ``m = max_r l_r``, 0 when every shard is empty;
+- ``s = sum_r exp(l_r - m)``;
+- the global LSE ``G = log(s) + m``, -inf when ``s == 0``;
+- the weight ``w_r = exp(l_r - m) / s``, which equals ``exp(l_r - G)`` but
+  keeps full precision when the LSEs are large (``l_r - m`` is exact, while
+  ``G`` rounded to float32 near 3000 is off by 1e-4); every weight is 0 when
+  every shard is empty.
+
+A shard with weight 0 adds exactly 0 to the output, even when its partial is
+NaN or inf: callers test ``w != 0`` before they multiply.
+
+The bfloat16 helpers work on bit patterns with integer operations only, so the
+same source runs in ``njit``, in compiled CUDA and in the CUDA simulator.
+"""
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+
+__all__ = ["NEG_INF_BITS", "build_bits", "build_mask", "build_math"]
+
+NEG_INF_BITS = 0xFF800000
+_LN2 = math.log(2.0)
+
+
+def build_math(ftype, jit):
+    """Compile the row math for float type ``ftype`` with decorator ``jit``."""
+    zero, one = ftype(0), ftype(1)
+    neg_inf, pos_inf = ftype(-np.inf), ftype(np.inf)
+    ln2, inv_ln2 = ftype(_LN2), ftype(1.0 / _LN2)
+    has_exp2 = hasattr(math, "exp2")
+
+    @jit
+    def clean_lse(lse):
+        if lse != lse or lse == pos_inf:
+            return neg_inf
+        return lse
+
+    @jit
+    def finish_max(m):
+        if m == neg_inf:
+            return zero
+        return m
+
+    if has_exp2:
+        @jit
+        def lse_exp(x, base_e):
+            if base_e:
+                return math.exp(x)
+            return math.exp2(x)
+
+        @jit
+        def lse_log(x, base_e):
+            if base_e:
+                return math.log(x)
+            return math.log2(x)
+    else:  # Python 3.10: math has no exp2 (nor does the CUDA simulator there)
+        @jit
+        def lse_exp(x, base_e):
+            if base_e:
+                return math.exp(x)
+            return math.exp(x * ln2)
+
+        @jit
+        def lse_log(x, base_e):
+            if base_e:
+                return math.log(x)
+            return math.log(x) * inv_ln2
+
+    @jit
+    def inverse_total(total):
+        if total > zero:
+            return one / total
+        return zero
+
+    @jit
+    def global_lse(total, m, base_e):
+        if total > zero:
+            return lse_log(total, base_e) + m
+        return neg_inf
+
+    @jit
+    def shard_weight(lse, m, inv_total, base_e):
+        return lse_exp(clean_lse(lse) - m, base_e) * inv_total
+
+    return SimpleNamespace(
+        clean_lse=clean_lse, finish_max=finish_max, lse_exp=lse_exp,
+        lse_log=lse_log, inverse_total=inverse_total, global_lse=global_lse,
+        shard_weight=shard_weight, zero=zero, neg_inf=neg_inf)
+
+
+def build_bits(jit):
+    """Compile the bfloat16 <-> float32 bit conversions with decorator ``jit``."""
+    u32 = np.uint32
+    abs_mask, inf_bits, quiet = u32(0x7FFFFFFF), u32(0x7F800000), u32(0x00400000)
+    half_minus_one, one_bit = u32(0x7FFF), u32(1)
+    sixteen, low16 = u32(16), u32(0xFFFF)
+
+    @jit
+    def bf16_to_f32_bits(bits):
+        """bfloat16 bits (any unsigned int) -> float32 bits."""
+        return (u32(bits) & low16) << sixteen
+
+    @jit
+    def f32_to_bf16_bits(bits):
+        """float32 bits -> bfloat16 bits, rounded to nearest even; NaN stays NaN."""
+        bits = u32(bits)
+        if (bits & abs_mask) > inf_bits:
+            return ((bits | quiet) >> sixteen) & low16
+        rounding = half_minus_one + ((bits >> sixteen) & one_bit)
+        return ((bits + rounding) >> sixteen) & low16
+
+    return SimpleNamespace(bf16_to_f32_bits=bf16_to_f32_bits,
+                           f32_to_bf16_bits=f32_to_bf16_bits)
+
+
+def build_mask(jit):
+    """Compile ``row_is_empty``: does token ``b`` have no KV on this rank?
+
+    ``seq_lens [S]`` and ``query_start_loc [S+1]`` describe the batch; with
+    ``num_seqs < 0`` nothing is masked. A token is empty when it lies outside
+    ``[query_start_loc[0], query_start_loc[S])`` (padding) or when its
+    sequence's ``seq_lens`` is 0.
+    """
+
+    @jit
+    def row_is_empty(b, seq_lens, query_start_loc, num_seqs):
+        if num_seqs < 0:
+            return False
+        if b < query_start_loc[0] or b >= query_start_loc[num_seqs]:
+            return True
+        lo = 0
+        hi = num_seqs - 1
+        while lo < hi:  # the last sequence whose start is <= b
+            mid = (lo + hi + 1) // 2
+            if query_start_loc[mid] <= b:
+                lo = mid
+            else:
+                hi = mid - 1
+        return seq_lens[lo] <= 0
+
+    return row_is_empty

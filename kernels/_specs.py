@@ -1,0 +1,103 @@
+"""Argument checks of the kernel launchers, and the conversions they allow."""
+
+from types import SimpleNamespace
+
+import numpy as np
+from numba import config
+
+from ..layout import SUPPORTED_DTYPES, as_dtype, bits_dtype, lse_pack_dim
+
+__all__ = ["check_combine_args", "check_pack_args"]
+
+MAX_RANKS = 256
+
+
+def _shape(x):
+    return tuple(int(s) for s in x.shape)
+
+
+def _dtype(x, name):
+    try:
+        dt = as_dtype(x.dtype)
+    except TypeError:
+        dt = None
+    if dt not in SUPPORTED_DTYPES and not (dt is not None and dt.kind == "u"):
+        raise TypeError(f"{name} dtype must be float16, bfloat16 or float32 (got {x.dtype})")
+    return dt
+
+
+def _convert(x, dtype):
+    """``x`` as ``dtype`` on its device: a no-op when it already is."""
+    if np.dtype(x.dtype) == dtype:
+        return x
+    if config.ENABLE_CUDASIM:
+        return np.asarray(x).astype(dtype)
+    try:
+        import cupy
+    except ImportError:
+        raise RuntimeError(f"converting a {x.dtype} array to {dtype} on the GPU needs CuPy") from None
+    return cupy.asarray(x).astype(dtype)
+
+
+def _spec(dtype, tokens, heads, head_dim, world_size):
+    return SimpleNamespace(
+        dtype=dtype, bits=bits_dtype(dtype), tokens=tokens, heads=heads, head_dim=head_dim,
+        world_size=world_size, pack_dim=lse_pack_dim(dtype),
+        lse_as_float32=lambda x: _convert(x, np.dtype(np.float32)),
+        index_as_int64=lambda x: _convert(x, np.dtype(np.int64)))
+
+
+def _check_buffer(buf, name, shape, dtype):
+    if _shape(buf) != shape:
+        raise ValueError(f"{name} must have shape {shape} (got {_shape(buf)})")
+    got = _dtype(buf, name)
+    if got not in (dtype, bits_dtype(dtype)):
+        raise TypeError(f"{name} must have dtype {dtype} (got {buf.dtype})")
+
+
+def check_pack_args(out, lse, send, seq_lens=None, query_start_loc=None):
+    """Check the arguments of ``pack_send``; return their sizes and dtype."""
+    if len(out.shape) != 3:
+        raise ValueError(f"out must be [B, H, D] (got shape {_shape(out)})")
+    dtype = _dtype(out, "out")
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"out dtype must be float16, bfloat16 or float32 (got {out.dtype})")
+    B, H, D = _shape(out)
+    if _shape(lse) != (B, H):
+        raise ValueError(f"lse must be [B, H] = {(B, H)} (got shape {_shape(lse)})")
+    if np.dtype(lse.dtype).kind not in "fV":
+        raise TypeError(f"lse must be a float array (got dtype {lse.dtype})")
+    if len(send.shape) != 4 or send.shape[0] < 1:
+        raise ValueError(f"send must be [N, B, H/N, D+P] (got shape {_shape(send)})")
+    n = int(send.shape[0])
+    if H % n:
+        raise ValueError(f"num_heads must be divisible by world_size (got H={H}, N={n})")
+    _check_buffer(send, "send", (n, B, H // n, D + lse_pack_dim(dtype)), dtype)
+    if (seq_lens is None) != (query_start_loc is None):
+        raise ValueError("seq_lens and query_start_loc must be given together")
+    if seq_lens is not None and _shape(query_start_loc) != (_shape(seq_lens)[0] + 1,):
+        raise ValueError(f"query_start_loc must have len(seq_lens) + 1 entries "
+                         f"(got {_shape(query_start_loc)} for {_shape(seq_lens)})")
+    return _spec(dtype, B, H, D, n)
+
+
+def check_combine_args(recv, out, out_lse=None):
+    """Check the arguments of ``unpack_combine``; return their sizes and dtype."""
+    if len(out.shape) != 3:
+        raise ValueError(f"out must be [B, H/N, D] (got shape {_shape(out)})")
+    dtype = _dtype(out, "out")
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"out dtype must be float16, bfloat16 or float32 (got {out.dtype})")
+    B, hn, D = _shape(out)
+    if len(recv.shape) != 4 or recv.shape[0] < 1:
+        raise ValueError(f"recv must be [N, B, H/N, D+P] (got shape {_shape(recv)})")
+    n = int(recv.shape[0])
+    if n > MAX_RANKS:
+        raise ValueError(f"world_size must be <= {MAX_RANKS} (got {n})")
+    _check_buffer(recv, "recv", (n, B, hn, D + lse_pack_dim(dtype)), dtype)
+    if out_lse is not None:
+        if _shape(out_lse) != (B, hn):
+            raise ValueError(f"out_lse must be [B, H/N] = {(B, hn)} (got shape {_shape(out_lse)})")
+        if np.dtype(out_lse.dtype) != np.float32:
+            raise TypeError(f"out_lse must be float32 (got {out_lse.dtype})")
+    return _spec(dtype, B, hn * n, D, n)

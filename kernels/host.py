@@ -1,0 +1,105 @@
+"""Host (Numba ``njit``) twins of the pack and combine kernels.
+
+They share the row math of ``_math`` with the CUDA kernels and work on NumPy
+arrays: ``pack_host`` on bit patterns, ``combine_host`` on float32 partials
+accumulated in float64. Compiled lazily, on first use.
+"""
+
+import functools
+
+import numpy as np
+from numba import njit, prange
+
+from ._math import NEG_INF_BITS, build_mask, build_math
+
+__all__ = ["combine_host", "pack_host"]
+
+_EMPTY_INDEX = np.zeros(1, dtype=np.int64)
+
+
+@functools.cache
+def _compiled():
+    jit = njit(cache=False, error_model="numpy")
+    m = build_math(np.float64, jit)
+    row_is_empty = build_mask(jit)
+    neg_inf_bits = np.uint32(NEG_INF_BITS)
+    low16, sixteen = np.uint32(0xFFFF), np.uint32(16)
+    clean_lse, finish_max, lse_exp = m.clean_lse, m.finish_max, m.lse_exp
+    inverse_total, global_lse, shard_weight = m.inverse_total, m.global_lse, m.shard_weight
+    zero, neg_inf = m.zero, m.neg_inf
+
+    @njit(parallel=True, error_model="numpy")
+    def pack(data, lse_bits, seq_lens, query_start_loc, num_seqs, send):
+        n, b_count, hn, width = send.shape
+        d_count = data.shape[2]
+        for row in prange(n * b_count * hn):
+            r = row // (b_count * hn)
+            b = (row // hn) % b_count
+            h = row % hn
+            head = r * hn + h
+            for d in range(d_count):
+                send[r, b, h, d] = data[b, head, d]
+            bits = lse_bits[b, head]
+            if row_is_empty(b, seq_lens, query_start_loc, num_seqs):
+                bits = neg_inf_bits
+            if width - d_count == 1:
+                send[r, b, h, d_count] = bits
+            else:
+                send[r, b, h, d_count] = bits & low16
+                send[r, b, h, d_count + 1] = bits >> sixteen
+
+    @njit(parallel=True, error_model="numpy")
+    def combine(parts, lses, out, out_lse, base_e):
+        n, b_count, hn, d_count = parts.shape
+        for row in prange(b_count * hn):
+            b = row // hn
+            h = row % hn
+            m = neg_inf
+            for r in range(n):
+                m = max(m, clean_lse(np.float64(lses[r, b, h])))
+            m = finish_max(m)
+            total = zero
+            for r in range(n):
+                total += lse_exp(clean_lse(np.float64(lses[r, b, h])) - m, base_e)
+            inv_total = inverse_total(total)
+            out_lse[b, h] = global_lse(total, m, base_e)
+            for d in range(d_count):
+                out[b, h, d] = zero
+            for r in range(n):
+                w = shard_weight(np.float64(lses[r, b, h]), m, inv_total, base_e)
+                if w != zero:
+                    for d in range(d_count):
+                        out[b, h, d] += w * parts[r, b, h, d]
+
+    return pack, combine
+
+
+def _mask_args(seq_lens, query_start_loc):
+    if seq_lens is None:
+        return _EMPTY_INDEX, _EMPTY_INDEX, -1
+    return (np.ascontiguousarray(seq_lens, dtype=np.int64),
+            np.ascontiguousarray(query_start_loc, dtype=np.int64), len(seq_lens))
+
+
+def pack_host(data_bits, lse_bits, send_bits, seq_lens=None, query_start_loc=None):
+    """Fill ``send_bits [N, B, H/N, D+P]`` from ``data_bits [B, H, D]``.
+
+    Args:
+        data_bits: ``[B, H, D]`` uint16 or uint32, any strides; the partials'
+            bit patterns.
+        lse_bits: ``[B, H]`` uint32; the float32 LSEs' bit patterns.
+        send_bits: ``[N, B, H/N, D+P]`` of ``data_bits``'s dtype, written.
+        seq_lens, query_start_loc: optional ``[S]`` and ``[S+1]`` integers;
+            rows of empty sequences and padding rows get LSE -inf.
+    """
+    pack, _ = _compiled()
+    pack(data_bits, lse_bits, *_mask_args(seq_lens, query_start_loc), send_bits)
+
+
+def combine_host(parts, lses, out, out_lse, is_lse_base_on_e=True):
+    """Exact combine of ``parts [N, B, H/N, D]`` float32 weighted by ``lses [N, B, H/N]``.
+
+    Writes ``out [B, H/N, D]`` and ``out_lse [B, H/N]``, both float64.
+    """
+    _, combine = _compiled()
+    combine(parts, lses, out, out_lse, bool(is_lse_base_on_e))
