@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from .layout import SUPPORTED_DTYPES, as_dtype
+from .layout import BFLOAT16, SUPPORTED_DTYPES, as_dtype
 
 __all__ = ["check_inputs", "check_mask", "check_out", "lse_float32_dtype"]
 
@@ -11,8 +11,16 @@ def _shape(x):
     return tuple(int(s) for s in x.shape)
 
 
+def _check_array(x, name):
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        raise TypeError(f"{name} must be an array (NumPy, CuPy or any DLPack / CUDA array) "
+                        f"(got {type(x).__name__})")
+
+
 def check_inputs(out, lse, world_size):
     """Check ``out [B, H, D]`` and ``lse [B, H]``; return ``(B, H, D, dtype)``."""
+    _check_array(out, "cp_attn_out")
+    _check_array(lse, "cp_attn_lse")
     shape = _shape(out)
     if len(shape) != 3:
         raise ValueError(f"cp_attn_out must be [B, H, D] (got shape {shape})")
@@ -41,13 +49,14 @@ def lse_float32_dtype(dtype):
         dt = as_dtype(dtype)
     except TypeError:
         dt = None
-    if dt is None or dt.kind not in "fV" or dt.itemsize not in (2, 4, 8):
+    if dt is None or not (dt.kind == "f" or dt == BFLOAT16):
         raise TypeError(f"cp_attn_lse must be a float array (got dtype {dtype})")
     return dt
 
 
 def check_out(out, shape, dtype):
     """Check a caller-provided result array ``out`` against ``shape`` and ``dtype``."""
+    _check_array(out, "out")
     if _shape(out) != tuple(shape):
         raise ValueError(f"out must have shape {tuple(shape)} (got {_shape(out)})")
     try:
@@ -66,6 +75,7 @@ def check_mask(seq_lens, query_start_loc):
     if seq_lens is None:
         return
     for name, arr in (("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
+        _check_array(arr, name)
         if len(arr.shape) != 1 or np.dtype(arr.dtype).kind not in "iu":
             raise TypeError(f"{name} must be a 1-D integer array (got {arr.dtype} of shape {_shape(arr)})")
     if query_start_loc.shape[0] != seq_lens.shape[0] + 1:

@@ -17,7 +17,7 @@ def _is_host_array(x):
 
 def dcp_a2a_lse_reduce(cp_attn_out, cp_attn_lse, comm, return_lse=False,
                        is_lse_base_on_e=True, out=None, seq_lens=None,
-                       query_start_loc=None):
+                       query_start_loc=None, stream=None):
     """Combine the partial attention outputs of a DCP group; rank r keeps heads r*H/N ... (r+1)*H/N-1.
 
     Collective: every rank of ``comm`` calls it with the same B, H, D and dtype.
@@ -37,11 +37,20 @@ def dcp_a2a_lse_reduce(cp_attn_out, cp_attn_lse, comm, return_lse=False,
         query_start_loc: ``[S+1]`` integers, the first token of each sequence;
             tokens at or past ``query_start_loc[-1]`` are padding and contribute
             nothing. Given together with ``seq_lens``.
+        stream: device arrays only: the stream of the whole call (pack,
+            exchange, combine); ``None`` is CuPy's current stream. The call
+            never synchronises the host.
+
+    Host (NumPy) arrays are exchanged with MPI; device arrays (CuPy, Numba,
+    or any array with ``__cuda_array_interface__`` or DLPack: PyTorch, JAX)
+    are read in place and exchanged with NCCL, through a cached
+    :class:`DcpA2APlan` (use a plan directly in decode loops and CUDA graphs).
 
     Returns:
-        ``[B, H/N, D]`` in ``cp_attn_out``'s dtype (``out`` when given): the
-        exact attention output of this rank's heads; with ``return_lse``, also
-        the global LSE ``[B, H/N]`` float32. A group of one returns its inputs.
+        ``[B, H/N, D]`` in ``cp_attn_out``'s dtype (``out`` when given; a NumPy
+        array for host inputs, a CuPy array for device inputs): the exact
+        attention output of this rank's heads; with ``return_lse``, also the
+        global LSE ``[B, H/N]`` float32. A group of one returns its inputs.
 
     Raises:
         ValueError, TypeError: bad shapes or dtypes, before anything is exchanged.
@@ -53,9 +62,14 @@ def dcp_a2a_lse_reduce(cp_attn_out, cp_attn_lse, comm, return_lse=False,
     if out is not None:
         _checks.check_out(out, (B, hn, D), dtype)
     _checks.check_mask(seq_lens, query_start_loc)
-    if not (_is_host_array(cp_attn_out) and _is_host_array(cp_attn_lse)):
-        raise TypeError("cp_attn_out and cp_attn_lse must both be NumPy arrays "
-                        f"(got {type(cp_attn_out).__name__} and {type(cp_attn_lse).__name__})")
+    on_host = _is_host_array(cp_attn_out), _is_host_array(cp_attn_lse)
+    if on_host[0] != on_host[1]:
+        raise TypeError("cp_attn_out and cp_attn_lse must both be host (NumPy) or both be "
+                        f"device arrays (got {type(cp_attn_out).__name__} and "
+                        f"{type(cp_attn_lse).__name__})")
+    if not on_host[0]:
+        return _reduce_device(cp_attn_out, cp_attn_lse, comm, return_lse, is_lse_base_on_e,
+                              out, seq_lens, query_start_loc, stream, (B, hn, D))
     return _reduce_host(cp_attn_out, cp_attn_lse, comm, return_lse, is_lse_base_on_e,
                         out, seq_lens, query_start_loc, dtype)
 
@@ -86,3 +100,35 @@ def _reduce_host(x, lse, comm, return_lse, base_e, out, seq_lens, query_start_lo
         out[...] = result
         result = out
     return (result, global_lse.astype(np.float32)) if return_lse else result
+
+
+_PLANS = {}
+_RETIRED = []  # outgrown plans: a CUDA graph may still replay on their buffers
+
+
+def _reduce_device(x, lse, comm, return_lse, base_e, out, seq_lens, query_start_loc,
+                   stream, result_shape):
+    import cupy
+
+    from .plan import DcpA2APlan
+
+    B, hn, D = result_shape
+    H = hn * comm.world_size
+    dtype = as_dtype(x.dtype)
+    if comm.world_size == 1:
+        if out is not None:
+            out[...] = cupy.asarray(x)
+            x = out
+        return (x, cupy.asarray(lse).astype(cupy.float32, copy=False)) if return_lse else x
+    key = (id(comm), H, D, dtype, bool(return_lse), bool(base_e))
+    plan = _PLANS.get(key)
+    if plan is None or plan.max_tokens < B:
+        if plan is not None:
+            _RETIRED.append(plan)
+        size = 1 << max(B - 1, 0).bit_length()  # grow in powers of two
+        plan = _PLANS[key] = DcpA2APlan(comm, max(size, 1), H, D, dtype, return_lse, base_e)
+    with cupy.cuda.Device(comm.device):
+        result = cupy.empty(result_shape, dtype=dtype) if out is None else out
+        result_lse = cupy.empty((B, hn), dtype=cupy.float32) if return_lse else None
+    return plan(x, lse, out=result, out_lse=result_lse, seq_lens=seq_lens,
+                query_start_loc=query_start_loc, stream=stream)

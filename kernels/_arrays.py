@@ -11,7 +11,9 @@ arrays stand for device arrays.
 import numpy as np
 from numba import config, cuda
 
-__all__ = ["kernel_array", "launch_stream", "dummy_index"]
+from ._launch import DeviceArray
+
+__all__ = ["dummy_index", "kernel_array", "stream_ptr"]
 
 
 def _cupy():
@@ -28,7 +30,10 @@ def _cai(obj):
         # CuPy may not export a CAI for dtypes it holds through ml_dtypes (bfloat16).
         return {"shape": obj.shape, "strides": obj.strides, "data": (obj.data.ptr, False),
                 "typestr": "|u1", "version": 3}
-    desc = getattr(obj, "__cuda_array_interface__", None)
+    try:
+        desc = obj.__cuda_array_interface__
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        desc = None  # absent, or refused for this dtype (torch's bfloat16): try DLPack
     if desc is not None:
         return dict(desc)
     if hasattr(obj, "__dlpack__"):
@@ -39,43 +44,36 @@ def _cai(obj):
 
 
 def kernel_array(obj, dtype, name="array"):
-    """A zero-copy Numba view of ``obj`` whose elements are seen as ``dtype`` (same size)."""
+    """A zero-copy :class:`DeviceArray` over ``obj`` with elements seen as ``dtype`` (same size)."""
     dtype = np.dtype(dtype)
     if config.ENABLE_CUDASIM:
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
         host = obj._ary if isinstance(obj, FakeCUDAArray) else np.asarray(obj)
-        return FakeCUDAArray(host.view(dtype))  # written in place, strides kept
+        host = host.view(dtype)  # written in place, strides kept
+        return DeviceArray(host.ctypes.data, host.shape, host.strides, dtype, host)
     if isinstance(obj, np.ndarray):
         raise TypeError(f"{name} must be a device array (got numpy.ndarray)")
     desc = _cai(obj)
-    shape = tuple(desc["shape"])
+    shape = tuple(int(s) for s in desc["shape"])
     strides = desc.get("strides")
     if strides is None:  # C-contiguous, by the CAI's convention
         strides, step = [], dtype.itemsize
         for extent in reversed(shape):
             strides.insert(0, step)
             step *= extent
-    desc.update(typestr=dtype.str, strides=tuple(strides), shape=shape)
-    desc.pop("stream", None)
-    desc.pop("mask", None)
-    return cuda.from_cuda_array_interface(desc, owner=obj, sync=False)
-
-
-def launch_stream(stream):
-    """The Numba stream for ``stream``: ``None`` means CuPy's current stream.
-
-    Accepts a CuPy stream, a Numba stream, an object with ``__cuda_stream__``
-    or a raw ``cudaStream_t`` as an int.
-    """
-    if config.ENABLE_CUDASIM:
-        return 0
-    ptr = stream_ptr(stream)
-    return cuda.external_stream(ptr) if ptr else cuda.default_stream()
+    return DeviceArray(int(desc["data"][0]), shape, tuple(int(s) for s in strides), dtype, obj)
 
 
 def stream_ptr(stream):
-    """The raw ``cudaStream_t`` of ``stream`` (``None``: CuPy's current stream, else 0)."""
+    """The raw ``cudaStream_t`` of ``stream``.
+
+    ``None`` means CuPy's current stream (the legacy default stream without
+    CuPy). Accepts a CuPy stream, a Numba stream, an object with
+    ``__cuda_stream__`` or the handle as an int.
+    """
+    if config.ENABLE_CUDASIM:
+        return 0
     if stream is None:
         cupy = _cupy()
         return cupy.cuda.get_current_stream().ptr if cupy is not None else 0
@@ -99,5 +97,6 @@ def dummy_index():
     key = "sim" if config.ENABLE_CUDASIM else cuda.get_current_device().id
     if key not in _DUMMY:
         host = np.zeros(1, dtype=np.int64)
-        _DUMMY[key] = host if config.ENABLE_CUDASIM else cuda.to_device(host)
+        owner = host if config.ENABLE_CUDASIM else cuda.to_device(host)
+        _DUMMY[key] = kernel_array(owner, np.int64)
     return _DUMMY[key]

@@ -1,13 +1,15 @@
 """The combine kernel: the exact LSE-weighted sum of the N received partials.
 
 For each (token, local head) row, one warp reads the N LSEs from the packed
-lanes, computes the weights of ``_math`` in float32 into shared memory, then
-each lane accumulates ``UNROLL`` output elements in float32 (a zero-weight
-shard is skipped, so its NaN or inf never reaches the sum) and rounds them
-once to the output dtype: round to nearest even, NaN kept NaN.
+lanes and computes the weights of ``_math`` in float32 (every lane on its
+own: no shared memory, no synchronisation); each lane then accumulates
+``UNROLL`` output elements per step in float32 (a zero-weight shard is
+skipped, so its NaN or inf never reaches the sum) and rounds them once to the
+output dtype: round to nearest even, NaN kept NaN.
 
-The received buffer is seen twice: as values (float32, float16, or the
-bfloat16 bits as uint16) and as bits (to read the LSE lanes).
+The received buffer is seen twice: as values (float32, float16, the bfloat16
+bits as uint16, or pairs of bfloat16 as uint32 words) and as bits (to read
+the LSE lanes).
 """
 
 import functools
@@ -15,70 +17,92 @@ import functools
 import numpy as np
 from numba import cuda, float32, uint32
 
-from ._arrays import kernel_array, launch_stream
-from ._device import device_functions
-from ._specs import MAX_RANKS, check_combine_args
+from numba.core import types
 
-__all__ = ["unpack_combine"]
+from ._arrays import kernel_array, stream_ptr
+from ._device import device_functions
+from ._launch import DeviceArray, SpecializedKernel, array_type
+from ._specs import check_combine_args
+
+__all__ = ["combine_args", "combine_grid", "combine_kernel", "combine_kind", "unpack_combine"]
 
 WARP = 32
 ROWS_PER_BLOCK = 4
 UNROLL = 8
+ACCUMULATORS = 2 * UNROLL  # low and high value of each word in pairs mode
 MAX_BLOCKS = 132 * 16
 
-_F32, _F16, _BF16 = "float32", "float16", "bfloat16"
+_F32, _F16, _BF16, _BF16X2 = "float32", "float16", "bfloat16", "bfloat16x2"
 
 
 def _codecs(kind, f):
-    """Device functions that read one value and one LSE, and encode one output."""
+    """Device functions that decode the low and high value of a loaded word, encode
+    one output word from two accumulators, and read one shard's LSE."""
     as_float, as_bits = f["as_float"], f["as_bits"]
     bf16_to_f32_bits, f32_to_bf16_bits = f["bf16_to_f32_bits"], f["f32_to_bf16_bits"]
-    low16, sixteen = np.uint32(0xFFFF), np.uint32(16)
+    low16, high16, sixteen = np.uint32(0xFFFF), np.uint32(0xFFFF0000), np.uint32(16)
     jit = cuda.jit(device=True)
 
     if kind == _F32:
         @jit
-        def decode(x):
+        def load_lse(vals, bits, r, b, h, width):
+            return vals[r, b, h, width - 1]
+
+        @jit
+        def decode_lo(x):
             return x
 
         @jit
-        def encode(acc):
-            return acc
+        def encode(lo, hi):
+            return lo
+    elif kind == _BF16X2:  # one uint32 word: two bfloat16 values, or the LSE's bits
+        @jit
+        def load_lse(vals, bits, r, b, h, width):
+            return as_float(uint32(vals[r, b, h, width - 1]))
 
         @jit
-        def load_lse(vals, bits, r, b, h, d_count):
-            return vals[r, b, h, d_count]
-        return decode, encode, load_lse
-
-    @jit
-    def load_lse(vals, bits, r, b, h, d_count):
-        low = uint32(bits[r, b, h, d_count]) & low16
-        high = uint32(bits[r, b, h, d_count + 1]) & low16
-        return as_float(uint32(low | (high << sixteen)))
-
-    if kind == _F16:
-        @jit
-        def decode(x):
-            return float32(x)
+        def decode_lo(x):
+            return as_float(uint32((uint32(x) & low16) << sixteen))
 
         @jit
-        def encode(acc):
-            return acc  # the float16 store rounds to nearest even
+        def encode(lo, hi):
+            return uint32(f32_to_bf16_bits(as_bits(lo)) | (f32_to_bf16_bits(as_bits(hi)) << sixteen))
     else:
         @jit
-        def decode(x):
-            return as_float(uint32(bf16_to_f32_bits(x)))
+        def load_lse(vals, bits, r, b, h, width):
+            low = uint32(bits[r, b, h, width - 2]) & low16
+            high = uint32(bits[r, b, h, width - 1]) & low16
+            return as_float(uint32(low | (high << sixteen)))
 
-        @jit
-        def encode(acc):
-            return f32_to_bf16_bits(as_bits(acc))
-    return decode, encode, load_lse
+        if kind == _F16:
+            @jit
+            def decode_lo(x):
+                return float32(x)
+
+            @jit
+            def encode(lo, hi):
+                return lo  # the float16 store rounds to nearest even
+        else:
+            @jit
+            def decode_lo(x):
+                return as_float(uint32(bf16_to_f32_bits(x)))
+
+            @jit
+            def encode(lo, hi):
+                return f32_to_bf16_bits(as_bits(lo))
+
+    @jit
+    def decode_hi(x):
+        return as_float(uint32(uint32(x) & high16))
+
+    return load_lse, decode_lo, decode_hi, encode
 
 
 @functools.cache
 def _combine_kernel(kind):
     f = device_functions()
-    decode, encode, load_lse = _codecs(kind, f)
+    load_lse, decode_lo, decode_hi, encode = _codecs(kind, f)
+    pairs = kind == _BF16X2  # each element is a word of two values
     clean_lse, finish_max, lse_exp = f["clean_lse"], f["finish_max"], f["lse_exp"]
     inverse_total, global_lse, shard_weight = f["inverse_total"], f["global_lse"], f["shard_weight"]
     zero, neg_inf = f["zero"], f["neg_inf"]
@@ -88,51 +112,79 @@ def _combine_kernel(kind):
     def combine(vals, bits, out, out_lse, write_lse, base_e):
         n, b_count, hn, width = vals.shape
         d_count = out.shape[2]
-        weights = cuda.shared.array((ROWS_PER_BLOCK, MAX_RANKS), np.float32)
         lane = cuda.threadIdx.x
-        slot = cuda.threadIdx.y
-        first = cuda.blockIdx.x * ROWS_PER_BLOCK
-        while first < b_count * hn:  # uniform over the block: __syncthreads is safe
-            row = min(first + slot, b_count * hn - 1)  # spare warps redo the last row
+        row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
+        acc = cuda.local.array(ACCUMULATORS, np.float32)
+        while row < b_count * hn:  # one warp per (token, head) row; no block-wide sync
             b = row // hn
             h = row % hn
             m = neg_inf
             for r in range(n):
-                m = max(m, clean_lse(load_lse(vals, bits, r, b, h, d_count)))
+                m = max(m, clean_lse(load_lse(vals, bits, r, b, h, width)))
             m = finish_max(m)
             total = zero
             for r in range(n):
-                total += lse_exp(clean_lse(load_lse(vals, bits, r, b, h, d_count)) - m, base_e)
+                total += lse_exp(clean_lse(load_lse(vals, bits, r, b, h, width)) - m, base_e)
             inv_total = inverse_total(total)
-            r = lane
-            while r < n:
-                weights[slot, r] = shard_weight(load_lse(vals, bits, r, b, h, d_count), m,
-                                                inv_total, base_e)
-                r += WARP
-            if write_lse and lane == 0 and row == first + slot:
+            if write_lse and lane == 0:
                 out_lse[b, h] = global_lse(total, m, base_e)
-            cuda.syncthreads()
-            acc = cuda.local.array(UNROLL, np.float32)
+            dst = out[b, h]
             base = lane
             while base < d_count:
-                for k in range(UNROLL):
+                for k in range(ACCUMULATORS):
                     acc[k] = zero
                 for r in range(n):
-                    w = weights[slot, r]
-                    if w != zero:
+                    w = shard_weight(load_lse(vals, bits, r, b, h, width), m, inv_total, base_e)
+                    if w != zero:  # an empty shard adds nothing, even NaN
+                        src = vals[r, b, h]
                         for k in range(UNROLL):
                             d = base + k * WARP
                             if d < d_count:
-                                acc[k] += w * decode(vals[r, b, h, d])
+                                x = src[d]
+                                acc[k] += w * decode_lo(x)
+                                if pairs:
+                                    acc[UNROLL + k] += w * decode_hi(x)
                 for k in range(UNROLL):
                     d = base + k * WARP
-                    if d < d_count and row == first + slot:
-                        out[b, h, d] = encode(acc[k])
+                    if d < d_count:
+                        dst[d] = encode(acc[k], acc[UNROLL + k])
                 base += step
-            cuda.syncthreads()
-            first += cuda.gridDim.x * ROWS_PER_BLOCK
+            row += cuda.gridDim.x * cuda.blockDim.y
 
     return combine
+
+
+def combine_kind(dtype, pairs=False):
+    """The kernel kind for output ``dtype`` and the dtype it sees values as.
+
+    ``pairs``: bfloat16 read and written as uint32 words of two values (when
+    ``D`` is even and the output's rows are contiguous and 4-byte aligned).
+    """
+    dtype = np.dtype(dtype)
+    if dtype == np.float32:
+        return _F32, dtype
+    if dtype == np.float16:
+        return _F16, dtype
+    if pairs:
+        return _BF16X2, np.dtype(np.uint32)
+    return _BF16, np.dtype(np.uint16)
+
+
+@functools.cache
+def combine_kernel(dtype, pairs=False):
+    """The combine kernel specialised for output ``dtype`` (and bfloat16 pairs)."""
+    kind, value = combine_kind(dtype, pairs)
+    bits = np.dtype(np.uint32 if value.itemsize == 4 else np.uint16)
+    i64 = types.int64
+    argtypes = (array_type(value, 4, True), array_type(bits, 4, True),
+                array_type(value, 3, False), array_type(np.float32, 2, False), i64, i64)
+    return SpecializedKernel(_combine_kernel(kind), argtypes)
+
+
+def combine_grid(tokens, local_heads):
+    """Launch shape of the combine kernel: ``(grid, block)``."""
+    rows = tokens * local_heads
+    return (min(-(-rows // ROWS_PER_BLOCK), MAX_BLOCKS),), (WARP, ROWS_PER_BLOCK)
 
 
 def unpack_combine(recv, out, out_lse=None, is_lse_base_on_e=True, stream=None):
@@ -152,14 +204,28 @@ def unpack_combine(recv, out, out_lse=None, is_lse_base_on_e=True, stream=None):
     spec = check_combine_args(recv, out, out_lse)
     if spec.tokens == 0:
         return
-    kind = {np.dtype(np.float32): _F32, np.dtype(np.float16): _F16}.get(spec.dtype, _BF16)
-    value_dtype = spec.bits if kind == _BF16 else spec.dtype
-    vals = kernel_array(recv, value_dtype, "recv")
-    bits = kernel_array(recv, spec.bits, "recv")
-    out_k = kernel_array(out, value_dtype, "out")
+    _, value = combine_kind(spec.dtype)
+    lse_arr = None if out_lse is None else kernel_array(out_lse, np.float32, "out_lse")
+    kernel, args = combine_args(spec.dtype, kernel_array(recv, spec.bits, "recv"),
+                                kernel_array(out, value, "out"), lse_arr, is_lse_base_on_e)
+    grid, block = combine_grid(spec.tokens, spec.heads // spec.world_size)
+    kernel(grid, block, stream_ptr(stream), args)
+
+
+def combine_args(dtype, recv_bits, out, out_lse, is_lse_base_on_e):
+    """The specialised kernel and its arguments for ``recv_bits`` (the receive buffer
+    seen as bits), ``out`` (seen as the kind's values) and optional ``out_lse``.
+
+    bfloat16 goes in pairs (uint32 words) where both buffers allow it.
+    """
+    kind, value = combine_kind(dtype)
+    recv_vals = DeviceArray(recv_bits.ptr, recv_bits.shape, recv_bits.strides, value, recv_bits.owner)
+    if kind == _BF16:
+        recv_words, out_words = recv_bits.as_words(), out.as_words()
+        if recv_words is not None and out_words is not None:
+            kind, recv_vals, recv_bits, out = _BF16X2, recv_words, recv_words, out_words
     write_lse = out_lse is not None
-    lse_k = kernel_array(out_lse, np.float32, "out_lse") if write_lse else out_k
-    rows = spec.tokens * (spec.heads // spec.world_size)
-    blocks = min(-(-rows // ROWS_PER_BLOCK), MAX_BLOCKS)
-    _combine_kernel(kind)[blocks, (WARP, ROWS_PER_BLOCK), launch_stream(stream)](
-        vals, bits, out_k, lse_k, write_lse, bool(is_lse_base_on_e))
+    if not write_lse:  # never read: a placeholder of the right type
+        out_lse = DeviceArray(out.ptr, (0, 0), (4, 4), np.float32, out.owner)
+    kernel = combine_kernel(dtype, kind == _BF16X2)
+    return kernel, (recv_vals, recv_bits, out, out_lse, int(write_lse), int(bool(is_lse_base_on_e)))

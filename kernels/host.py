@@ -17,8 +17,11 @@ __all__ = ["combine_host", "pack_host"]
 _EMPTY_INDEX = np.zeros(1, dtype=np.int64)
 
 
+PARALLEL_MIN_ELEMENTS = 1 << 21  # below this, threads cost more than they save
+
+
 @functools.cache
-def _compiled():
+def _compiled(parallel):
     jit = njit(cache=False, error_model="numpy")
     m = build_math(np.float64, jit)
     row_is_empty = build_mask(jit)
@@ -28,7 +31,7 @@ def _compiled():
     inverse_total, global_lse, shard_weight = m.inverse_total, m.global_lse, m.shard_weight
     zero, neg_inf = m.zero, m.neg_inf
 
-    @njit(parallel=True, error_model="numpy")
+    @njit(parallel=parallel, error_model="numpy")
     def pack(data, lse_bits, seq_lens, query_start_loc, num_seqs, send):
         n, b_count, hn, width = send.shape
         d_count = data.shape[2]
@@ -48,7 +51,7 @@ def _compiled():
                 send[r, b, h, d_count] = bits & low16
                 send[r, b, h, d_count + 1] = bits >> sixteen
 
-    @njit(parallel=True, error_model="numpy")
+    @njit(parallel=parallel, error_model="numpy")
     def combine(parts, lses, out, out_lse, base_e):
         n, b_count, hn, d_count = parts.shape
         for row in prange(b_count * hn):
@@ -92,7 +95,7 @@ def pack_host(data_bits, lse_bits, send_bits, seq_lens=None, query_start_loc=Non
         seq_lens, query_start_loc: optional ``[S]`` and ``[S+1]`` integers;
             rows of empty sequences and padding rows get LSE -inf.
     """
-    pack, _ = _compiled()
+    pack, _ = _compiled(send_bits.size >= PARALLEL_MIN_ELEMENTS)
     pack(data_bits, lse_bits, *_mask_args(seq_lens, query_start_loc), send_bits)
 
 
@@ -101,5 +104,5 @@ def combine_host(parts, lses, out, out_lse, is_lse_base_on_e=True):
 
     Writes ``out [B, H/N, D]`` and ``out_lse [B, H/N]``, both float64.
     """
-    _, combine = _compiled()
+    _, combine = _compiled(parts.size >= PARALLEL_MIN_ELEMENTS)
     combine(parts, lses, out, out_lse, bool(is_lse_base_on_e))

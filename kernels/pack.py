@@ -14,12 +14,15 @@ import functools
 import numpy as np
 from numba import cuda
 
-from ._arrays import dummy_index, kernel_array, launch_stream
+from numba.core import types
+
+from ._arrays import dummy_index, kernel_array, stream_ptr
 from ._device import device_functions
+from ._launch import SpecializedKernel, array_type
 from ._math import NEG_INF_BITS
 from ._specs import check_pack_args
 
-__all__ = ["pack_send"]
+__all__ = ["pack_args", "pack_grid", "pack_kernel", "pack_send"]
 
 WARP = 32
 ROWS_PER_BLOCK = 4
@@ -35,44 +38,64 @@ def _pack_kernel():
     step = WARP * UNROLL
 
     @cuda.jit
-    def pack(data, lse_bits, seq_lens, query_start_loc, num_seqs, send):
+    def pack(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank):
         n, b_count, hn, width = send.shape
         d_count = data.shape[2]
         per_rank = b_count * hn
         lane = cuda.threadIdx.x
         row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
+        buf = cuda.local.array(UNROLL, np.uint32)
         while row < n * per_rank:
             r = row // per_rank
             b = (row // hn) % b_count
             h = row % hn
             head = r * hn + h
-            buf = cuda.local.array(UNROLL, np.uint32)
+            src = data[b, head]
+            # our own chunk skips the exchange: it goes straight to the receive buffer
+            dst = recv[r, b, h] if r == self_rank else send[r, b, h]
             base = lane
             while base < d_count:
+                for k in range(UNROLL):  # every load issued before any store
+                    d = base + k * WARP
+                    if d < d_count:
+                        buf[k] = src[d]
                 for k in range(UNROLL):
                     d = base + k * WARP
                     if d < d_count:
-                        buf[k] = data[b, head, d]
-                for k in range(UNROLL):
-                    d = base + k * WARP
-                    if d < d_count:
-                        send[r, b, h, d] = buf[k]
+                        dst[d] = buf[k]
                 base += step
             if lane == 0:
                 bits = np.uint32(lse_bits[b, head])
                 if row_is_empty(b, seq_lens, query_start_loc, num_seqs):
                     bits = neg_inf_bits
                 if width - d_count == 1:
-                    send[r, b, h, d_count] = bits
+                    dst[d_count] = bits
                 else:
-                    send[r, b, h, d_count] = bits & low16
-                    send[r, b, h, d_count + 1] = (bits >> sixteen) & low16
+                    dst[d_count] = bits & low16
+                    dst[d_count + 1] = (bits >> sixteen) & low16
             row += cuda.gridDim.x * cuda.blockDim.y
 
     return pack
 
 
-def pack_send(out, lse, send, stream=None, seq_lens=None, query_start_loc=None):
+@functools.cache
+def pack_kernel(bits):
+    """The pack kernel specialised for element bits ``bits`` (uint16 or uint32)."""
+    i64 = types.int64
+    argtypes = (array_type(bits, 3, False), array_type(np.uint32, 2, False),
+                array_type(np.int64, 1, True), array_type(np.int64, 1, True), i64,
+                array_type(bits, 4, True), array_type(bits, 4, True), i64)
+    return SpecializedKernel(_pack_kernel(), argtypes)
+
+
+def pack_grid(world_size, tokens, heads):
+    """Launch shape of the pack kernel: ``(grid, block)``."""
+    rows = world_size * tokens * (heads // world_size)
+    return (min(-(-rows // ROWS_PER_BLOCK), MAX_BLOCKS),), (WARP, ROWS_PER_BLOCK)
+
+
+def pack_send(out, lse, send, stream=None, seq_lens=None, query_start_loc=None,
+              recv=None, self_rank=-1):
     """Pack this rank's partials and LSEs into the send buffer, on ``stream``.
 
     Args:
@@ -86,21 +109,37 @@ def pack_send(out, lse, send, stream=None, seq_lens=None, query_start_loc=None):
         seq_lens, query_start_loc: optional ``[S]`` and ``[S+1]`` integer device
             arrays; tokens of sequences with no KV here, and padding tokens at
             or past ``query_start_loc[-1]``, get LSE -inf.
+        recv, self_rank: with a receive buffer shaped like ``send``, chunk
+            ``self_rank`` is written straight to ``recv[self_rank]`` (it never
+            needs to cross the exchange) instead of ``send[self_rank]``.
     """
     spec = check_pack_args(out, lse, send, seq_lens, query_start_loc)
     if spec.tokens == 0:
         return
     lse = spec.lse_as_float32(lse)
     if seq_lens is None:
-        seq_lens = query_start_loc = dummy_index()
+        seq_arr = qsl_arr = dummy_index()
         num_seqs = -1
     else:
-        seq_lens, query_start_loc = spec.index_as_int64(seq_lens), spec.index_as_int64(query_start_loc)
+        seq_arr = kernel_array(spec.index_as_int64(seq_lens), np.int64, "seq_lens")
+        qsl_arr = kernel_array(spec.index_as_int64(query_start_loc), np.int64, "query_start_loc")
         num_seqs = int(seq_lens.shape[0])
-    args = (kernel_array(out, spec.bits, "out"), kernel_array(lse, np.uint32, "lse"),
-            kernel_array(seq_lens, np.int64, "seq_lens"),
-            kernel_array(query_start_loc, np.int64, "query_start_loc"), num_seqs,
-            kernel_array(send, spec.bits, "send"))
-    rows = spec.world_size * spec.tokens * (spec.heads // spec.world_size)
-    blocks = min(-(-rows // ROWS_PER_BLOCK), MAX_BLOCKS)
-    _pack_kernel()[blocks, (WARP, ROWS_PER_BLOCK), launch_stream(stream)](*args)
+    send_arr = kernel_array(send, spec.bits, "send")
+    recv_arr = send_arr if recv is None else kernel_array(recv, spec.bits, "recv")
+    if recv is None:
+        self_rank = -1
+    grid, block = pack_grid(spec.world_size, spec.tokens, spec.heads)
+    kernel, data, send_arr, recv_arr = pack_args(kernel_array(out, spec.bits, "out"), send_arr, recv_arr)
+    kernel(grid, block, stream_ptr(stream), (
+        data, kernel_array(lse, np.uint32, "lse"), seq_arr, qsl_arr, num_seqs,
+        send_arr, recv_arr, int(self_rank)))
+
+
+def pack_args(data, send, recv):
+    """The specialised kernel, and the arrays it moves: as uint32 words where the
+    16-bit data and both buffers allow it (the LSE's two lanes are then one word)."""
+    if data.dtype.itemsize == 2:
+        words = data.as_words(), send.as_words(), recv.as_words()
+        if None not in words:
+            data, send, recv = words
+    return pack_kernel(data.dtype), data, send, recv

@@ -1,0 +1,100 @@
+"""``python -m cupy_dcp.bench --kernels``: the pack and combine kernels alone, on one GPU.
+
+Each kernel is captured ``--calls`` times in a CUDA graph (so launch overhead
+is not timed) and replayed ``--reps`` times; its bytes read and written per
+call over the median time give GB/s, set beside the device-to-device copy
+bandwidth measured in the same run (bytes read plus written).
+"""
+
+import numpy as np
+
+from .layout import as_dtype, bits_dtype, lse_pack_dim
+from .kernels._arrays import dummy_index, kernel_array
+from .kernels.combine import combine_grid, combine_kernel, combine_kind
+from .kernels.pack import pack_grid, pack_kernel
+
+SHAPES = [(128, 512), (64, 128)]
+
+
+def _graph_us(cupy, stream, fn, calls, reps):
+    fn()
+    stream.synchronize()
+    stream.begin_capture()
+    for _ in range(calls):
+        fn()
+    graph = stream.end_capture()
+    graph.launch(stream)
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    samples = []
+    for _ in range(reps):
+        start.record(stream)
+        graph.launch(stream)
+        stop.record(stream)
+        stop.synchronize()
+        samples.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3 / calls)
+    return float(np.median(samples))
+
+
+def _host_launch_us(fn, stream, launches=2000):
+    """Host microseconds per launch (no synchronisation inside the loop)."""
+    import time
+    fn()
+    stream.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(launches):
+        fn()
+    elapsed = time.perf_counter() - t0
+    stream.synchronize()
+    return elapsed / launches * 1e6
+
+
+def copy_bandwidth(cupy, stream, nbytes=2 << 30):
+    """Device-to-device copy GB/s (read + write) of an ``nbytes`` buffer."""
+    src = cupy.ones(nbytes // 4, dtype=cupy.float32)
+    dst = cupy.empty_like(src)
+    us = _graph_us(cupy, stream, lambda: cupy.copyto(dst, src), 5, 10)
+    return 2 * nbytes / us / 1e3
+
+
+def run_kernels(args):
+    import cupy
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.rank != 0:
+        return
+    n = 2
+    dtype = as_dtype(args.dtype)
+    bits = bits_dtype(dtype)
+    value = combine_kind(dtype)[1]
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        copy = copy_bandwidth(cupy, stream)
+        print(f"device-to-device copy: {copy:.0f} GB/s (read + write)", flush=True)
+        print(f"{'B':>6} {'H':>4} {'D':>4} {'pack us':>8} {'pack GB/s':>10} {'%copy':>6} "
+              f"{'combine us':>10} {'comb GB/s':>10} {'%copy':>6}", flush=True)
+        for H, D in ([(args.heads, args.head_dim)] + SHAPES[1:]):
+            for B in args.tokens:
+                w = D + lse_pack_dim(dtype)
+                x = cupy.zeros((B, H, D), dtype=dtype)
+                lse = cupy.zeros((B, H), dtype=cupy.float32)
+                send = cupy.zeros((n, B, H // n, w), dtype=bits)
+                recv = cupy.zeros_like(send)
+                out = cupy.zeros((B, H // n, D), dtype=dtype)
+                out_lse = cupy.zeros((B, H // n), dtype=cupy.float32)
+                pk, ck = pack_kernel(bits), combine_kernel(dtype)
+                pargs = (kernel_array(x, bits), kernel_array(lse, np.uint32), dummy_index(),
+                         dummy_index(), -1, kernel_array(send, bits), kernel_array(recv, bits), 0)
+                cargs = (kernel_array(recv, value), kernel_array(recv, bits),
+                         kernel_array(out, value), kernel_array(out_lse, np.float32), 1, 1)
+                pgrid, cgrid = pack_grid(n, B, H), combine_grid(B, H // n)
+                p_us = _graph_us(cupy, stream, lambda: pk(*pgrid, stream.ptr, pargs),
+                                 args.calls, args.reps)
+                c_us = _graph_us(cupy, stream, lambda: ck(*cgrid, stream.ptr, cargs),
+                                 args.calls, args.reps)
+                p_bytes = x.nbytes + lse.nbytes + send.nbytes
+                c_bytes = recv.nbytes + out.nbytes + out_lse.nbytes
+                p_gbs, c_gbs = p_bytes / p_us / 1e3, c_bytes / c_us / 1e3
+                host_us = _host_launch_us(lambda: pk(*pgrid, stream.ptr, pargs), stream)
+                print(f"{B:>6} {H:>4} {D:>4} {p_us:>8.2f} {p_gbs:>10.0f} {100 * p_gbs / copy:>5.0f}% "
+                      f"{c_us:>10.2f} {c_gbs:>10.0f} {100 * c_gbs / copy:>5.0f}%  "
+                      f"(host {host_us:.1f} us per pack launch)", flush=True)

@@ -1,0 +1,267 @@
+"""Benchmark of the DCP combine: ``mpirun -n N python -m cupy_dcp.bench``.
+
+For each token count it times, on the same communicator and in the same run:
+
+- ``raw_alltoall``: the exchange alone (grouped NCCL send/recv of the packed
+  bytes, or ``MPI.Alltoall`` on host arrays): the floor;
+- ``cupy_dcp_a2a``: a :class:`DcpA2APlan` call (pack, exchange, combine);
+- ``ag_rs``: all-gather of the LSEs, correction, reduce-scatter (where built);
+
+eagerly (calls launched back to back) and as CUDA-graph replays (a captured
+batch of calls), and reports the median and p90 microseconds per call and the
+ratio to the floor. ``--kernels`` instead times the pack and combine kernels
+alone on one GPU against its device-to-device copy bandwidth.
+
+Rank 0 prints progress and a table, and writes ``--json`` (a list of records)
+and ``--plot`` (PNG, when matplotlib is installed).
+"""
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from .comm import Communicator
+from .layout import as_dtype, bits_dtype, send_buffer_shape
+
+STRATEGIES = ("raw_alltoall", "cupy_dcp_a2a", "ag_rs")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m cupy_dcp.bench", description=__doc__.split("\n\n")[0])
+    ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
+    p.add_argument("--tokens", type=ints, default=[1, 8, 32, 128, 512, 2048])
+    p.add_argument("--heads", type=int, default=128)
+    p.add_argument("--head-dim", type=int, default=512)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--mode", default="graph,eager", help="graph, eager or both (comma-separated)")
+    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"])
+    p.add_argument("--reps", type=int, default=30, help="timed repetitions (median, p90 over them)")
+    p.add_argument("--calls", type=int, default=20, help="calls per repetition (and per graph)")
+    p.add_argument("--json", dest="json_path")
+    p.add_argument("--plot", dest="plot_path")
+    p.add_argument("--kernels", action="store_true", help="time the kernels alone (one GPU)")
+    return p.parse_args(argv)
+
+
+def _say(comm, *args):
+    if comm.rank == 0:
+        print(*args, flush=True)
+
+
+def _use_gpu(device):
+    if device == "cpu":
+        return False
+    try:
+        import cupy
+        ok = cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no CuPy or no driver
+        ok = False
+    if device == "gpu" and not ok:
+        raise RuntimeError("--device gpu needs CuPy and a CUDA GPU")
+    return ok
+
+
+def _slowest(world, samples):
+    """Each repetition's figure from the slowest rank."""
+    samples = np.ascontiguousarray(samples, dtype=np.float64)
+    result = np.empty_like(samples)
+    world.Allreduce(samples, result, op=MPI.MAX)
+    return result
+
+
+def _stats(samples):
+    samples = np.asarray(samples, dtype=np.float64)
+    return float(np.median(samples)), float(np.percentile(samples, 90))
+
+
+# ---------------------------------------------------------------- GPU timings
+
+def _gpu_time(fn, stream, reps, calls, graph, world):
+    """Median and p90 us per call of ``fn()`` on ``stream``: eager or graph replay."""
+    import cupy
+
+    fn()  # NCCL connects lazily, kernels load: once eagerly before timing or capture
+    stream.synchronize()
+    world.Barrier()
+    if graph:
+        stream.begin_capture()
+        for _ in range(calls):
+            fn()
+        g = stream.end_capture()
+        g.upload(stream)
+        run = lambda: g.launch(stream)  # noqa: E731
+    else:
+        def run():
+            for _ in range(calls):
+                fn()
+    run()
+    stream.synchronize()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    samples = []
+    for _ in range(reps):
+        world.Barrier()
+        start.record(stream)
+        run()
+        stop.record(stream)
+        stop.synchronize()
+        samples.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3 / calls)
+    return _stats(_slowest(world, samples))
+
+
+def _gpu_cases(comm, args, B, dtype):
+    import cupy
+
+    from .plan import DcpA2APlan
+
+    n, H, D = comm.world_size, args.heads, args.head_dim
+    rng = np.random.default_rng(comm.rank)
+    x = cupy.asarray(rng.standard_normal((B, H, D)).astype(np.float32)).astype(dtype)
+    lse = cupy.asarray(rng.uniform(-5, 5, (B, H)).astype(np.float32))
+    stream = cupy.cuda.Stream(non_blocking=True)
+    cases = {}
+    plan = DcpA2APlan(comm, B, H, D, dtype)
+    shape = send_buffer_shape(n, B, H, D, dtype)
+    raw_send = cupy.zeros(shape, dtype=bits_dtype(dtype))
+    raw_recv = cupy.zeros_like(raw_send)
+    chunk = raw_send[0].nbytes
+
+    def raw():
+        comm.alltoall_device(raw_send.data.ptr, raw_recv.data.ptr, chunk, stream.ptr)
+
+    cases["raw_alltoall"] = raw
+    cases["cupy_dcp_a2a"] = lambda: plan(x, lse, stream=stream)
+    try:
+        from .reduce import dcp_ag_rs_lse_reduce  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        from .plan import DcpAgRsPlan
+        agrs = DcpAgRsPlan(comm, B, H, D, dtype)
+        cases["ag_rs"] = lambda: agrs(x, lse, stream=stream)
+    return cases, stream
+
+
+# --------------------------------------------------------------- host timings
+
+def _host_cases(comm, args, B, dtype):
+    from .reduce import dcp_a2a_lse_reduce
+
+    n, H, D = comm.world_size, args.heads, args.head_dim
+    rng = np.random.default_rng(comm.rank)
+    x = rng.standard_normal((B, H, D)).astype(np.float32).astype(dtype)
+    lse = rng.uniform(-5, 5, (B, H)).astype(np.float32)
+    send = np.zeros(send_buffer_shape(n, B, H, D, dtype), dtype=bits_dtype(dtype))
+    recv = np.zeros_like(send)
+    return {"raw_alltoall": lambda: comm.alltoall_host(send, recv),
+            "cupy_dcp_a2a": lambda: dcp_a2a_lse_reduce(x, lse, comm)}
+
+
+def _host_time(fn, reps, calls, world):
+    fn()
+    samples = []
+    for _ in range(reps):
+        world.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) * 1e6 / calls)
+    return _stats(_slowest(world, samples))
+
+
+# ------------------------------------------------------------------ reporting
+
+def _table(records):
+    lines = [f"{'tokens':>7} {'mode':>6} {'strategy':>14} {'median us':>10} {'p90 us':>9} {'x floor':>8}"]
+    for r in records:
+        lines.append(f"{r['tokens']:>7} {r['mode']:>6} {r['strategy']:>14} {r['median_us']:>10.1f} "
+                     f"{r['p90_us']:>9.1f} {r['ratio_to_floor']:>8.2f}")
+    return "\n".join(lines)
+
+
+def _plot(records, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed: no plot written to {path}", flush=True)
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    keys = sorted({(r["strategy"], r["mode"]) for r in records})
+    for strategy, mode in keys:
+        rows = sorted((r["tokens"], r["median_us"]) for r in records
+                      if r["strategy"] == strategy and r["mode"] == mode)
+        ax.plot(*zip(*rows), marker="o", label=f"{strategy} ({mode})")
+    r0 = records[0]
+    ax.set(xscale="log", yscale="log", xlabel="tokens B", ylabel="us per call (median)",
+           title=f"DCP combine, N={r0['world_size']}, H={r0['heads']}, D={r0['head_dim']}, "
+                 f"{r0['dtype']} ({r0['device']})")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot written to {path}", flush=True)
+
+
+def run(args):
+    world = MPI.COMM_WORLD
+    gpu = _use_gpu(args.device)
+    comm = Communicator.from_mpi(world, backend="nccl" if gpu else "mpi")
+    dtype = as_dtype(args.dtype)
+    modes = [m for m in args.mode.split(",") if m]
+    if not gpu:
+        modes = ["eager"]  # no graphs on the host
+    wanted = [s for s in args.strategies.split(",") if s]
+    device = "gpu" if gpu else "cpu"
+    if gpu:
+        import cupy
+        device = cupy.cuda.runtime.getDeviceProperties(comm.device)["name"].decode()
+    _say(comm, f"cupy_dcp bench: N={comm.world_size} H={args.heads} D={args.head_dim} "
+               f"{args.dtype} on {device}; modes {modes}; tokens {args.tokens}")
+    records = []
+    for B in args.tokens:
+        if gpu:
+            cases, stream = _gpu_cases(comm, args, B, dtype)
+        else:
+            cases, stream = _host_cases(comm, args, B, dtype), None
+        for mode in modes:
+            floor = None
+            for strategy in [s for s in STRATEGIES if s in wanted and s in cases]:
+                if gpu:
+                    med, p90 = _gpu_time(cases[strategy], stream, args.reps, args.calls,
+                                         mode == "graph", world)
+                else:
+                    med, p90 = _host_time(cases[strategy], args.reps, args.calls, world)
+                floor = med if strategy == "raw_alltoall" else floor
+                rec = dict(strategy=strategy, mode=mode, world_size=comm.world_size, tokens=B,
+                           heads=args.heads, head_dim=args.head_dim, dtype=args.dtype,
+                           median_us=round(med, 2), p90_us=round(p90, 2), device=device,
+                           ratio_to_floor=round(med / floor, 3) if floor else float("nan"))
+                records.append(rec)
+                _say(comm, f"  B={B:<5} {mode:<5} {strategy:<13} median {med:8.1f} us  p90 {p90:8.1f} us")
+    _say(comm, "\n" + _table(records))
+    if comm.rank == 0 and args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump(records, f, indent=1)
+        print(f"results written to {args.json_path}", flush=True)
+    if comm.rank == 0 and args.plot_path:
+        _plot(records, args.plot_path)
+    return records
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.kernels:
+        from ._kernel_bench import run_kernels
+        run_kernels(args)
+    else:
+        run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Cheap launches of Numba kernels: specialise once, launch the cubin.
+
+A lazily typed Numba launch costs 50-200 us of host time. Here each kernel is
+compiled once for one signature; its cubin (Numba's own compilation) is
+loaded with ``cuda.core`` (or CuPy's driver module where cuda.core is absent)
+and launched with the flattened Numba argument ABI: every array becomes
+``meminfo, parent, nitems, itemsize, data, shape..., strides...`` (all 64-bit;
+strides in bytes). The launch touches no stream but the one it is given, so
+it can be captured in a CUDA graph.
+
+Under the CUDA simulator, and with ``CUPY_DCP_LAUNCHER=numba``, the Numba
+dispatcher launches instead (same kernels, same arguments).
+"""
+
+import os
+
+import numpy as np
+from numba import config, cuda, from_dtype
+from numba.core import types
+
+__all__ = ["DeviceArray", "SpecializedKernel", "launcher_kind"]
+
+
+class DeviceArray:
+    """A device array seen as ``dtype``: pointer, shape, byte strides and owner."""
+
+    __slots__ = ("ptr", "shape", "strides", "dtype", "owner")
+
+    def __init__(self, ptr, shape, strides, dtype, owner):
+        self.ptr, self.shape, self.strides = ptr, tuple(shape), tuple(strides)
+        self.dtype, self.owner = np.dtype(dtype), owner
+
+    @property
+    def size(self):
+        n = 1
+        for extent in self.shape:
+            n *= extent
+        return n
+
+    def as_words(self):
+        """This 16-bit array seen as uint32 words of two elements, or ``None``.
+
+        Possible when the last axis is contiguous with an even extent and every
+        row starts 4-byte aligned: kernels then move twice the bytes per access.
+        """
+        if self.dtype.itemsize != 2 or not self.shape or self.shape[-1] % 2:
+            return None
+        if self.strides[-1] != 2 and self.shape[-1] > 1:
+            return None
+        if self.ptr % 4 or any(s % 4 for s in self.strides[:-1]):
+            return None
+        return DeviceArray(self.ptr, self.shape[:-1] + (self.shape[-1] // 2,),
+                           self.strides[:-1] + (4,), np.uint32, self.owner)
+
+    def abi(self):
+        """The Numba kernel ABI of this array: a tuple of ints."""
+        return (0, 0, self.size, self.dtype.itemsize, self.ptr) + self.shape + self.strides
+
+    def numba_view(self):
+        """A Numba device array over the same memory (no copy, no sync)."""
+        if config.ENABLE_CUDASIM:  # ptr is a host address inside the owner's buffer
+            from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+            root = self.owner
+            while isinstance(root.base, np.ndarray):
+                root = root.base
+            flat = root.reshape(-1).view(np.uint8)
+            view = np.ndarray(self.shape, self.dtype, buffer=flat,
+                              offset=self.ptr - flat.ctypes.data, strides=self.strides)
+            return FakeCUDAArray(view)
+        desc = {"shape": self.shape, "strides": self.strides, "typestr": self.dtype.str,
+                "data": (self.ptr, False), "version": 3}
+        return cuda.from_cuda_array_interface(desc, owner=self.owner, sync=False)
+
+
+def launcher_kind():
+    """``"core"`` (cuda.core), ``"cupy"`` or ``"numba"``: how kernels are launched."""
+    if config.ENABLE_CUDASIM:
+        return "numba"
+    forced = os.environ.get("CUPY_DCP_LAUNCHER")
+    if forced:
+        if forced not in ("core", "cupy", "numba"):
+            raise ValueError(f"CUPY_DCP_LAUNCHER must be core, cupy or numba (got {forced!r})")
+        return forced
+    try:
+        import cuda.core  # noqa: F401
+        return "core"
+    except ImportError:
+        pass
+    try:
+        import cupy  # noqa: F401
+        return "cupy"
+    except ImportError:
+        return "numba"
+
+
+class _StreamHandle:
+    """A raw ``cudaStream_t`` seen through the ``__cuda_stream__`` protocol (and ``.ptr``)."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
+
+
+class SpecializedKernel:
+    """One Numba kernel compiled for one signature, launched from its cubin.
+
+    Args:
+        dispatcher: a ``numba.cuda.jit`` kernel.
+        argtypes: the Numba types of its arguments (arrays and int64 scalars).
+    """
+
+    def __init__(self, dispatcher, argtypes):
+        self.kind = launcher_kind()
+        self.argtypes = tuple(argtypes)
+        self._dispatcher = dispatcher
+        if self.kind == "numba":
+            return
+        dispatcher.compile(self.argtypes)
+        compiled = dispatcher.overloads[self.argtypes]
+        cc = cuda.get_current_device().compute_capability
+        cubin = compiled.library.get_cubin(cc=cc)
+        cubin = getattr(cubin, "code", cubin)
+        name = compiled.entry_name
+        if self.kind == "core":
+            from cuda.core import LaunchConfig, ObjectCode, launch
+            self._function = ObjectCode.from_cubin(cubin).get_kernel(name)
+            self._config = LaunchConfig
+            self._launch = launch
+            self._configs = {}
+            self._streams = {}
+        else:
+            import cupy
+            module = cupy.cuda.function.Module()
+            module.load(cubin)
+            self._module = module
+            self._function = module.get_function(name)
+
+    def __call__(self, grid, block, stream_ptr, args):
+        """Launch on ``stream_ptr`` with ``args``: DeviceArrays and ints, in signature order."""
+        if self.kind == "numba":
+            self._launch_numba(grid, block, stream_ptr, args)
+            return
+        flat = []
+        for arg in args:
+            if isinstance(arg, DeviceArray):
+                flat.extend(arg.abi())
+            else:
+                flat.append(arg)
+        self.launch_flat(grid, block, stream_ptr, flat)
+
+    def launch_flat(self, grid, block, stream_ptr, flat):
+        """Launch with arguments already flattened to the ABI (plans bind them once)."""
+        if self.kind == "core":
+            key = (grid, block)
+            config = self._configs.get(key)
+            if config is None:
+                config = self._configs[key] = self._config(grid=grid, block=block)
+            stream = self._streams.get(stream_ptr)
+            if stream is None:
+                stream = self._streams[stream_ptr] = _core_stream(stream_ptr)
+            self._launch(stream, config, self._function, *flat)
+        elif self.kind == "cupy":
+            self._function(grid, block, tuple(flat), stream=_StreamHandle(stream_ptr))
+        else:
+            raise RuntimeError("flat launches need the cuda.core or CuPy launcher")
+
+    def _launch_numba(self, grid, block, stream_ptr, args):
+        views = [a.numba_view() if isinstance(a, DeviceArray) else a for a in args]
+        if config.ENABLE_CUDASIM:
+            stream = 0
+        else:
+            stream = cuda.external_stream(stream_ptr) if stream_ptr else cuda.default_stream()
+        self._dispatcher[grid, block, stream](*views)
+
+
+def _core_stream(ptr):
+    """A cuda.core Stream over the foreign handle ``ptr`` (not owned)."""
+    from cuda.core import Stream
+    if hasattr(Stream, "from_handle"):
+        return Stream.from_handle(ptr)
+    return _StreamHandle(ptr)
+
+
+def array_type(dtype, ndim, contiguous):
+    """The Numba array type of ``ndim`` dims of ``dtype``: C-contiguous or any layout."""
+    return types.Array(from_dtype(np.dtype(dtype)), ndim, "C" if contiguous else "A")

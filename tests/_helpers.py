@@ -1,0 +1,144 @@
+"""Shared test helpers: tolerances against the float64 oracle, row masks, mpiexec.
+
+Imported by the pytest modules and by ``mpi_reduce_worker.py`` (which runs
+outside pytest, so nothing here imports pytest).
+"""
+
+import os
+import shutil
+import sys
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["assert_lse_close", "assert_output_close", "check_rank_result", "mpiexec_command", "mpiexec_env",
+           "random_rank_inputs", "row_mask", "row_scale", "ulp"]
+
+LSE_RTOL = 1e-5
+LSE_ATOL = 1e-6
+FP32_RTOL = 1e-5
+
+
+def ulp(ref, dtype):
+    """Spacing of ``dtype`` at each ``|ref|`` (float64), subnormals included."""
+    info = ml_dtypes.finfo(dtype)
+    mag = np.abs(np.asarray(ref, dtype=np.float64))
+    with np.errstate(divide="ignore"):
+        exponent = np.floor(np.log2(mag))
+    exponent = np.where(np.isfinite(exponent), exponent, info.minexp)
+    exponent = np.maximum(exponent, info.minexp)
+    return np.ldexp(1.0, (exponent - info.nmant).astype(np.int64))
+
+
+def assert_output_close(got, ref, scale, where=""):
+    """``got [B, H, D]`` (output dtype) against the float64 oracle ``ref``.
+
+    float32: ``rtol 1e-5`` plus ``atol 1e-5 * scale`` (``scale [B, H, 1]``,
+    the largest magnitude of the row's finite partials). float16/bfloat16:
+    within one ulp of the output dtype at the reference value.
+    """
+    dtype = np.dtype(got.dtype)
+    got64 = got.astype(np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert got.shape == ref.shape, f"{where}: shape {got.shape} != {ref.shape}"
+    assert np.all(np.isfinite(got64)), f"{where}: non-finite output {got64[~np.isfinite(got64)]}"
+    if dtype == np.float32:
+        tol = FP32_RTOL * np.abs(ref) + FP32_RTOL * scale
+    else:
+        tol = ulp(ref, dtype)
+    err = np.abs(got64 - ref)
+    bad = err > tol
+    assert not bad.any(), (
+        f"{where}: {int(bad.sum())} of {bad.size} {dtype} outputs off; worst at "
+        f"{tuple(int(i) for i in np.unravel_index(np.argmax(err - tol), err.shape))}: "
+        f"got {got64[bad][:4]}, "
+        f"want {ref[bad][:4]}")
+
+
+def assert_lse_close(got, ref, where=""):
+    """Global LSE: -inf exactly where the oracle's is, else within 1e-5 relative."""
+    got = np.asarray(got)
+    assert got.dtype == np.float32, f"{where}: LSE dtype {got.dtype}"
+    ref = np.asarray(ref, dtype=np.float64)
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(ref), err_msg=where)
+    finite = ~np.isneginf(ref)
+    np.testing.assert_allclose(got[finite], ref[finite], rtol=LSE_RTOL, atol=LSE_ATOL,
+                               err_msg=where)
+
+
+def row_scale(outputs, lses):
+    """``[B, H, 1]``: the largest |partial| over the shards that carry weight."""
+    lses = np.asarray(lses, dtype=np.float64)
+    live = np.isfinite(lses)[..., None]
+    mags = np.where(live, np.abs(np.asarray(outputs, dtype=np.float64)), 0.0)
+    return mags.max(axis=(0, 3))[..., None]
+
+
+def row_mask(num_tokens, seq_lens, query_start_loc):
+    """``[B]`` bool, True for tokens with no KV: empty sequences and padding."""
+    mask = np.ones(num_tokens, dtype=bool)
+    for s, length in enumerate(seq_lens):
+        mask[query_start_loc[s]:query_start_loc[s + 1]] = length == 0
+    return mask
+
+
+def _find_mpiexec():
+    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return local if os.access(local, os.X_OK) else shutil.which("mpiexec")
+
+
+def mpiexec_command(nprocs, *argv):
+    """``mpiexec -n nprocs --oversubscribe argv...``; None when there is no mpiexec."""
+    mpiexec = _find_mpiexec()
+    if mpiexec is None:
+        return None
+    return [mpiexec, "--oversubscribe", "-n", str(nprocs), *argv]
+
+
+def mpiexec_env(**extra):
+    """The environment for mpiexec: root allowed, one Numba thread per rank."""
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    env.update(extra)
+    return env
+
+
+def check_rank_result(out, lse, ref, ref_lse, scale, where=""):
+    """One rank's combine against the float64 oracle ``ref [B, H/N, D]``, ``ref_lse [B, H/N]``.
+
+    Rows where every shard is empty must be exactly 0; ``lse`` may be None
+    when the call did not ask for it.
+    """
+    assert_output_close(out, ref, scale, where)
+    empty = np.isneginf(ref_lse)
+    np.testing.assert_array_equal(out[empty].astype(np.float32), 0.0, err_msg=where)
+    if lse is not None:
+        assert_lse_close(lse, ref_lse, where)
+
+
+def random_rank_inputs(rng, shape, dtype, regime="spread", p_bad=0.1):
+    """One rank's ``x [B, H, D]`` of ``dtype`` and float32 ``lse [B, H]``.
+
+    ``regime``: ``"spread"`` LSEs uniform in [-80, 80] (weights spread e^160),
+    ``"large"`` near 3000, ``"mixed"`` either per entry. A fraction ``p_bad``
+    of LSEs become NaN (random payload), +inf or -inf, and half of those
+    empty rows get NaN or inf partials, which must not leak into the result.
+    """
+    B, H, D = shape
+    x = rng.standard_normal(shape) * 10.0 ** rng.uniform(-3, 3)
+    x = x.astype(np.float32).astype(dtype)
+    spread = rng.uniform(-80.0, 80.0, (B, H))
+    large = 3000.0 + rng.uniform(-3.0, 3.0, (B, H))
+    pick = {"spread": np.ones((B, H), bool), "large": np.zeros((B, H), bool),
+            "mixed": rng.random((B, H)) < 0.5}[regime]
+    lse = np.where(pick, spread, large).astype(np.float32)
+    bad = rng.random((B, H)) < p_bad
+    kind = rng.integers(0, 3, (B, H))
+    nan_bits = (rng.integers(1, 1 << 22, (B, H), dtype=np.uint32) | np.uint32(0x7F800000)
+                | (rng.integers(0, 2, (B, H), dtype=np.uint32) << np.uint32(31)))
+    lse = np.where(bad & (kind == 0), nan_bits.view(np.float32), lse)
+    lse[bad & (kind == 1)] = np.inf
+    lse[bad & (kind == 2)] = -np.inf
+    poison = bad & (rng.random((B, H)) < 0.5)
+    x[poison] = np.where(rng.random() < 0.5, np.nan, np.inf)
+    return x, lse

@@ -1,0 +1,60 @@
+"""The CUDA kernels under the Numba CUDA simulator (NUMBA_ENABLE_CUDASIM=1).
+
+Collected only in a process started with that variable: ``tests/test_cudasim.py``
+runs this file so; the ordinary suite ignores it (see ``tests/conftest.py``).
+"""
+
+import numpy as np
+import pytest
+
+from kernel_checks import DTYPES, check_combine, check_pack
+
+
+def ident(x):
+    return x
+
+
+def host(x):
+    return np.asarray(x)
+
+
+SHAPES = [(1, 2, 2, 1), (2, 2, 4, 3), (3, 1, 6, 8), (2, 3, 4, 72), (4, 1, 4, 33)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "N%dB%dH%dD%d" % s)
+def test_pack_bit_exact(dtype, shape):
+    check_pack(ident, host, dtype, *shape, np.random.default_rng(sum(shape)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_pack_strided_input_and_lse_conversion(dtype):
+    rng = np.random.default_rng(7)
+    check_pack(ident, host, dtype, 2, 3, 4, 5, rng, strided=True)
+    check_pack(ident, host, dtype, 2, 3, 4, 5, rng, lse_dtype=np.float16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "N%dB%dH%dD%d" % s)
+@pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
+def test_combine_matches_reference(dtype, shape, base_e):
+    n, b, h, d = shape
+    check_combine(ident, host, dtype, n, b, h // n, d, np.random.default_rng(d), base_e=base_e)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", ["spread_e80", "near_3000", "head_major", "no_lse"])
+def test_combine_adversarial(dtype, case):
+    rng = np.random.default_rng(11)
+    kwargs = {"spread_e80": dict(spread=80.0), "near_3000": dict(lse_center=3000.0, spread=3.0),
+              "head_major": dict(head_major=True), "no_lse": dict(return_lse=False)}[case]
+    check_combine(ident, host, dtype, 3, 2, 3, 9, rng, **kwargs)
+
+
+def test_zero_tokens_is_a_no_op():
+    from cupy_dcp.kernels import pack_send, unpack_combine
+    send = np.full((2, 0, 2, 6), 7, dtype=np.float32)
+    pack_send(np.zeros((0, 4, 5), np.float32), np.zeros((0, 4), np.float32), send)
+    out = np.zeros((0, 2, 5), np.float32)
+    unpack_combine(send, out)
+    assert send.shape == (2, 0, 2, 6) and out.shape == (0, 2, 5)

@@ -1,0 +1,165 @@
+"""The CUDA kernels on a real GPU, at real sizes, through every array protocol."""
+
+import numpy as np
+import pytest
+
+from gpu import requires_gpu
+from kernel_checks import DTYPES, check_combine, check_pack
+
+pytestmark = [pytest.mark.gpu, requires_gpu]
+
+HEAD_DIMS = [1, 72, 128, 192, 512, 576]
+
+
+def cupy_io():
+    import cupy
+    return cupy.asarray, cupy.asnumpy
+
+
+def numba_io():
+    from numba import cuda
+    # Numba has no bfloat16: its device arrays hold bfloat16 as uint16 bits.
+    def to_device(x):
+        x = np.asarray(x)
+        return cuda.to_device(x.view(np.uint16) if x.dtype.kind == "V" else x)
+
+    def to_host(x):
+        return x.copy_to_host()
+    return to_device, to_host
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_pack_bit_exact(dtype, d):
+    to_device, to_host = cupy_io()
+    rng = np.random.default_rng(d)
+    check_pack(to_device, to_host, dtype, 2, 64, 16, d, rng)
+    check_pack(to_device, to_host, dtype, 4, 3, 8, d, rng, strided=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
+def test_combine_matches_reference(dtype, d, base_e):
+    to_device, to_host = cupy_io()
+    check_combine(to_device, to_host, dtype, 2, 64, 8, d, np.random.default_rng(d), base_e=base_e)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", ["spread_e80", "near_3000", "head_major", "no_lse", "n5"])
+def test_combine_adversarial(dtype, case):
+    to_device, to_host = cupy_io()
+    kwargs = {"spread_e80": dict(spread=80.0), "near_3000": dict(lse_center=3000.0, spread=3.0),
+              "head_major": dict(head_major=True), "no_lse": dict(return_lse=False)}.get(case, {})
+    n = 5 if case == "n5" else 3
+    check_combine(to_device, to_host, dtype, n, 33, 4, 576, np.random.default_rng(3), **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16), np.dtype(np.float32)], ids=str)
+def test_numba_device_arrays(dtype):
+    to_device, to_host = numba_io()
+    rng = np.random.default_rng(5)
+    check_pack(to_device, to_host, dtype, 2, 8, 8, 128, rng)
+    check_combine(to_device, to_host, dtype, 2, 8, 4, 128, rng)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_torch_arrays_by_dlpack(dtype):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    import cupy
+
+    def to_device(x):
+        x = np.asarray(x)
+        if x.dtype.kind == "V":  # torch has bfloat16 itself: hand the bits over
+            t = torch.from_numpy(x.view(np.int16).copy()).cuda().view(torch.bfloat16)
+        else:
+            t = torch.from_numpy(x.copy()).cuda()
+        return t
+
+    def to_host(t):
+        t = t.contiguous()
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).cpu().numpy().view(dtype)
+        return t.cpu().numpy()
+
+    rng = np.random.default_rng(9)
+    check_pack(to_device, to_host, dtype, 2, 8, 8, 72, rng)
+    check_combine(to_device, to_host, dtype, 2, 8, 4, 72, rng)
+    cupy.cuda.runtime.deviceSynchronize()
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16), np.dtype(np.float32)], ids=str)
+def test_jax_arrays_by_dlpack(dtype):
+    jax = pytest.importorskip("jax")
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:
+        gpus = []
+    if not gpus:
+        pytest.skip("JAX without a GPU")
+    import cupy
+    import jax.numpy as jnp
+
+    def to_device(x):
+        # JAX arrays are immutable: inputs come from JAX; the outputs (the
+        # zero-filled buffers the checks allocate) are CuPy arrays.
+        x = np.asarray(x)
+        if not np.any(x):
+            return cupy.asarray(x)
+        return jax.device_put(jnp.asarray(x), gpus[0])
+
+    def to_host(x):
+        return cupy.asnumpy(x) if isinstance(x, cupy.ndarray) else np.asarray(x)
+
+    rng = np.random.default_rng(13)
+    check_pack(to_device, to_host, dtype, 2, 8, 8, 64, rng)
+    check_combine(to_device, to_host, dtype, 2, 8, 4, 64, rng)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_pack_and_combine_capture_in_a_cuda_graph(dtype):
+    """N ranks simulated in one process: pack each, exchange by copies, combine;
+    captured once, replayed with new inputs each time."""
+    import cupy
+
+    from cupy_dcp import lse_pack_dim, lse_weighted_combine
+    from cupy_dcp.kernels import pack_send, unpack_combine
+    from kernel_checks import assert_combine_close, make_inputs
+
+    n, b, hn, d = 3, 17, 4, 200
+    h = n * hn
+    xs = cupy.zeros((n, b, h, d), dtype=dtype)
+    ls = cupy.zeros((n, b, h), dtype=cupy.float32)
+    sends = cupy.zeros((n, n, b, hn, d + lse_pack_dim(dtype)), dtype=dtype)
+    recv = cupy.zeros_like(sends[0])
+    out = cupy.zeros((b, hn, d), dtype=dtype)
+    out_lse = cupy.zeros((b, hn), dtype=cupy.float32)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        def step():
+            for k in range(n):
+                pack_send(xs[k], ls[k], sends[k], stream=stream)
+            for k in range(n):  # rank 1 receives chunk 1 of every rank
+                recv[k] = sends[k, 1]
+            unpack_combine(recv, out, out_lse, stream=stream)
+        step()
+        stream.synchronize()
+        stream.begin_capture()
+        step()
+        graph = stream.end_capture()
+        for replay in range(3):
+            hx, hl = make_inputs(np.random.default_rng(replay), n, b, h, d, dtype)
+            xs[...] = cupy.asarray(hx)
+            ls[...] = cupy.asarray(hl)
+            graph.launch(stream)
+            stream.synchronize()
+            expect, expect_lse = lse_weighted_combine(hx, hl, return_lse=True)
+            got = cupy.asnumpy(out.view(np.uint16) if dtype.itemsize == 2 else out).view(dtype)
+            heads = slice(hn, 2 * hn)
+            assert_combine_close(got.astype(np.float64), expect[:, heads], hx[:, :, heads],
+                                 hl[:, :, heads], dtype)
+            g = cupy.asnumpy(out_lse)
+            ref_g = expect_lse[:, hn:2 * hn]
+            np.testing.assert_array_equal(np.isneginf(g), np.isneginf(ref_g))

@@ -1,0 +1,135 @@
+"""The packed send-buffer format: lane counts and the bit layout of pack_reference."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cupy_dcp import lse_pack_dim, pack_reference, unpack_reference
+from cupy_dcp.layout import BFLOAT16, as_dtype, bits_dtype, send_buffer_shape
+
+DTYPES = {"float16": np.dtype(np.float16), "bfloat16": BFLOAT16,
+          "float32": np.dtype(np.float32)}
+
+
+@pytest.mark.parametrize("dtype, lanes", [
+    (np.float16, 2), (ml_dtypes.bfloat16, 2), ("bfloat16", 2), (BFLOAT16, 2),
+    (np.float32, 1), ("float32", 1)],
+    ids=["float16", "ml_dtypes.bfloat16", "'bfloat16'", "dtype(bfloat16)", "float32", "'float32'"])
+def test_lse_pack_dim(dtype, lanes):
+    assert lse_pack_dim(dtype) == lanes
+
+
+@pytest.mark.parametrize("dtype, name", [
+    (np.float64, "float64"), (np.int32, "int32"), ("int8", "int8"),
+    (np.dtype(np.float64), "float64")], ids=["float64", "int32", "'int8'", "dtype(float64)"])
+def test_lse_pack_dim_refuses_other_dtypes(dtype, name):
+    with pytest.raises(ValueError,
+                       match=rf"^output dtype must be float16, bfloat16 or float32 \(got .*{name}.*\)$"):
+        lse_pack_dim(dtype)
+
+
+def test_as_dtype_reads_torch_style_names_without_torch():
+    class FakeTorchDtype:
+        def __str__(self):
+            return "torch.bfloat16"
+
+    assert as_dtype(FakeTorchDtype()) == BFLOAT16
+    assert bits_dtype("bf16") == np.uint16
+    assert bits_dtype(np.float32) == np.uint32
+
+
+def _hand_case(dtype):
+    """B=2, H=4, N=2, D=3 with LSEs whose float32 bits are written out by hand."""
+    out = np.arange(2 * 4 * 3, dtype=np.float32).reshape(2, 4, 3).astype(dtype)
+    lse = np.array([[1.0, -2.5, 3000.0, -np.inf], [0.0, -0.0, np.inf, 1.0]], dtype=np.float32)
+    bits = np.array([[0x3F800000, 0xC0200000, 0x453B8000, 0xFF800000],
+                     [0x00000000, 0x80000000, 0x7F800000, 0x3F800000]], dtype=np.uint32)
+    return out, lse, bits
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_pack_reference_bit_layout(dtype):
+    out, lse, bits = _hand_case(dtype)
+    send = pack_reference(out, lse, world_size=2)
+    assert send.dtype == dtype
+    assert send.shape == send_buffer_shape(2, 2, 4, 3, dtype) == (2, 2, 2, 3 + lse_pack_dim(dtype))
+    lanes = send.view(bits_dtype(dtype))
+    for r in range(2):
+        for b in range(2):
+            for h in range(2):
+                head = r * 2 + h
+                np.testing.assert_array_equal(send[r, b, h, :3], out[b, head])
+                if dtype == np.float32:
+                    assert lanes[r, b, h, 3] == bits[b, head]
+                    assert send[r, b, h, 3] == lse[b, head]
+                else:
+                    assert lanes[r, b, h, 3] == bits[b, head] & 0xFFFF
+                    assert lanes[r, b, h, 4] == bits[b, head] >> 16
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_pack_reference_mask_writes_neg_inf_bits(dtype):
+    out, lse, _ = _hand_case(dtype)
+    send = pack_reference(out, lse, world_size=2, mask=np.array([False, True]))
+    lanes = send.view(bits_dtype(dtype))[..., 3:]
+    neg_inf = [0xFF800000] if dtype == np.float32 else [0x0000, 0xFF80]
+    np.testing.assert_array_equal(lanes[:, 1], np.broadcast_to(neg_inf, lanes[:, 1].shape))
+    unmasked = pack_reference(out, lse, world_size=2)
+    np.testing.assert_array_equal(lanes[:, 0], unmasked.view(bits_dtype(dtype))[:, 0, :, 3:])
+    np.testing.assert_array_equal(send[..., :3], unmasked[..., :3])
+
+
+def _random_bits(rng, shape, ubits):
+    """Random bit patterns, a quarter of them NaN with random payloads and signs.
+
+    0x7F80 sets every exponent bit of both bfloat16 and float16 (and mantissa
+    bits of the latter), so the 16-bit NaNs hold for either dtype.
+    """
+    ubits = np.dtype(ubits).type
+    info = np.iinfo(ubits)
+    bits = rng.integers(0, info.max, size=shape, endpoint=True, dtype=ubits)
+    exp_mask = ubits(0x7F800000 if ubits == np.uint32 else 0x7F80)
+    nan = rng.random(shape) < 0.25
+    bits[nan] |= exp_mask
+    bits[nan & ((bits & ~exp_mask & ubits(info.max >> 1)) == 0)] |= ubits(1)
+    return bits
+
+
+@pytest.mark.parametrize("world_size, heads", [(1, 3), (2, 4), (3, 6), (4, 8)])
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_pack_unpack_round_trips_bit_for_bit(dtype, world_size, heads):
+    rng = np.random.default_rng(world_size)
+    ubits = bits_dtype(dtype)
+    out = _random_bits(rng, (5, heads, 7), ubits).view(dtype)
+    lse = _random_bits(rng, (5, heads), np.uint32).view(np.float32)
+    assert np.isnan(lse).any() and np.isnan(out.astype(np.float32)).any()
+    send = pack_reference(out, lse, world_size)
+    parts, lses = unpack_reference(send, head_dim=7)
+    assert parts.dtype == dtype and lses.dtype == np.float32
+    hn = heads // world_size
+    expected_parts = out.reshape(5, world_size, hn, 7).transpose(1, 0, 2, 3)
+    expected_lses = lse.reshape(5, world_size, hn).transpose(1, 0, 2)
+    np.testing.assert_array_equal(parts.view(ubits), expected_parts.view(ubits))
+    np.testing.assert_array_equal(lses.view(np.uint32), expected_lses.view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_pack_converts_lse_values_to_float32(dtype):
+    lse = np.array([[0.1, -1e-3, 3000.123456789, np.nan]], dtype=np.float64)
+    send = pack_reference(np.ones((1, 4, 2), dtype=dtype), lse, world_size=2)
+    _, lses = unpack_reference(send, head_dim=2)
+    np.testing.assert_array_equal(lses.transpose(1, 0, 2).reshape(1, 4), lse.astype(np.float32))
+
+
+def test_pack_reference_needs_heads_divisible_by_world_size():
+    with pytest.raises(ValueError,
+                       match=r"^num_heads must be divisible by world_size \(got H=6, N=4\)$"):
+        pack_reference(np.zeros((2, 6, 3), np.float16), np.zeros((2, 6), np.float32), 4)
+    with pytest.raises(ValueError,
+                       match=r"^num_heads must be divisible by world_size \(got H=5, N=2\)$"):
+        send_buffer_shape(2, 1, 5, 8, np.float32)
+
+
+def test_unpack_reference_checks_the_width():
+    with pytest.raises(ValueError, match=r"^recv must be \[N, B, H/N, 8\+2\] \(got shape \(2, 1, 3, 9\)\)$"):
+        unpack_reference(np.zeros((2, 1, 3, 9), np.float16), head_dim=8)
