@@ -1,7 +1,5 @@
 """Validation at the public boundary: every check runs before anything is exchanged."""
 
-import numpy as np
-
 from .layout import BFLOAT16, SUPPORTED_DTYPES, as_dtype
 
 __all__ = ["check_inputs", "check_mask", "check_out", "lse_float32_dtype"]
@@ -76,7 +74,7 @@ def check_mask(seq_lens, query_start_loc):
         return
     for name, arr in (("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
         _check_array(arr, name)
-        if len(arr.shape) != 1 or np.dtype(arr.dtype).kind not in "iu":
+        if len(arr.shape) != 1 or as_dtype(arr.dtype).kind not in "iu":
             raise TypeError(f"{name} must be a 1-D integer array (got {arr.dtype} of shape {_shape(arr)})")
     if query_start_loc.shape[0] != seq_lens.shape[0] + 1:
         raise ValueError(

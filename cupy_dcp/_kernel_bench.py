@@ -10,8 +10,8 @@ import numpy as np
 
 from .layout import as_dtype, bits_dtype, lse_pack_dim
 from .kernels._arrays import dummy_index, kernel_array
-from .kernels.combine import combine_grid, combine_kernel, combine_kind
-from .kernels.pack import pack_grid, pack_kernel
+from .kernels.combine import combine_args, combine_grid, combine_kind
+from .kernels.pack import pack_args, pack_grid
 
 SHAPES = [(128, 512), (64, 128)]
 
@@ -82,11 +82,12 @@ def run_kernels(args):
                 recv = cupy.zeros_like(send)
                 out = cupy.zeros((B, H // n, D), dtype=dtype)
                 out_lse = cupy.zeros((B, H // n), dtype=cupy.float32)
-                pk, ck = pack_kernel(bits), combine_kernel(dtype)
-                pargs = (kernel_array(x, bits), kernel_array(lse, np.uint32), dummy_index(),
-                         dummy_index(), -1, kernel_array(send, bits), kernel_array(recv, bits), 0)
-                cargs = (kernel_array(recv, value), kernel_array(recv, bits),
-                         kernel_array(out, value), kernel_array(out_lse, np.float32), 1, 1)
+                pk, data, send_k, recv_k = pack_args(kernel_array(x, bits), kernel_array(send, bits),
+                                                     kernel_array(recv, bits))
+                pargs = (data, kernel_array(lse, np.uint32), dummy_index(), dummy_index(), -1,
+                         send_k, recv_k, 0)
+                ck, cargs = combine_args(dtype, kernel_array(recv, bits), kernel_array(out, value),
+                                         kernel_array(out_lse, np.float32), True)
                 pgrid, cgrid = pack_grid(n, B, H), combine_grid(B, H // n)
                 p_us = _graph_us(cupy, stream, lambda: pk(*pgrid, stream.ptr, pargs),
                                  args.calls, args.reps)

@@ -31,8 +31,8 @@ def as_dtype(dtype):
     """Return ``dtype`` as a NumPy dtype; ``"bfloat16"`` means ``ml_dtypes.bfloat16``.
 
     Anything NumPy cannot name (a torch dtype, say) is looked up by its
-    ``str()`` without a ``torch.`` prefix, so ``torch.bfloat16`` works without
-    importing torch.
+    ``str()`` without a ``torch.`` prefix, so ``torch.bfloat16`` and
+    ``torch.int64`` work without importing torch.
     """
     if isinstance(dtype, str) and dtype.lower() in _NAMES:
         return _NAMES[dtype.lower()]
@@ -42,7 +42,10 @@ def as_dtype(dtype):
         name = str(dtype).rsplit(".", 1)[-1].lower()
         if name in _NAMES:
             return _NAMES[name]
-        raise TypeError(f"dtype must be float16, bfloat16 or float32 (got {dtype!r})") from None
+        try:
+            return np.dtype(name)
+        except TypeError:
+            raise TypeError(f"not a dtype NumPy knows (got {dtype!r})") from None
 
 
 def lse_pack_dim(dtype):

@@ -12,11 +12,11 @@ import numpy as np
 
 from . import _checks
 from .comm import as_communicator
-from .layout import as_dtype, bits_dtype, lse_pack_dim
-from .kernels._arrays import dummy_index, kernel_array, stream_ptr
+from .layout import BFLOAT16, as_dtype, bits_dtype, lse_pack_dim
+from .kernels._arrays import as_cupy, dummy_index, kernel_array, stream_ptr
 from .kernels._launch import DeviceArray
-from .kernels.combine import combine_grid, combine_kernel, combine_kind
-from .kernels.pack import pack_grid, pack_kernel
+from .kernels.combine import combine_args, combine_grid, combine_kernel, combine_kind
+from .kernels.pack import pack_args, pack_grid, pack_kernel
 
 __all__ = ["DcpA2APlan"]
 
@@ -79,9 +79,13 @@ class DcpA2APlan:
         self._recv = cupy.empty_like(self._send)
         self._result = cupy.empty((max_tokens, self.local_heads, head_dim), dtype=dtype)
         self._result_lse = cupy.empty((max_tokens, self.local_heads), dtype=cupy.float32)
-        self._pack = pack_kernel(self.bits)
-        self._combine = combine_kernel(dtype)
         self._no_mask = dummy_index()
+        # compile and load every kernel a call may pick now, never inside a capture
+        pack_kernel(self.bits)
+        combine_kernel(dtype)
+        if self.bits.itemsize == 2:  # the word-wide variants
+            pack_kernel(np.dtype(np.uint32))
+            combine_kernel(dtype, pairs=dtype == BFLOAT16)
         self._views = {}
 
     def _buffers(self, tokens):
@@ -93,9 +97,8 @@ class DcpA2APlan:
             strides = _c_strides(shape, self.bits.itemsize)
             send = DeviceArray(self._send.data.ptr, shape, strides, self.bits, self._send)
             recv = DeviceArray(self._recv.data.ptr, shape, strides, self.bits, self._recv)
-            recv_values = DeviceArray(recv.ptr, shape, strides, self._value, self._recv)
             chunk = tokens * self.local_heads * self._width * self.bits.itemsize
-            views = self._views[tokens] = (send, recv, recv_values, chunk)
+            views = self._views[tokens] = (send, recv, chunk)
         return views
 
     def __call__(self, cp_attn_out, cp_attn_lse, out=None, out_lse=None,
@@ -141,7 +144,7 @@ class DcpA2APlan:
             return (result, result_lse) if self.return_lse else result
         ptr = stream_ptr(stream)
         lse = cp_attn_lse
-        if np.dtype(lse.dtype) != np.float32:
+        if as_dtype(lse.dtype) != np.float32:
             import cupy
             lse = cupy.asarray(lse).astype(cupy.float32)
         send, recv, recv_values, chunk = self._buffers(B)
@@ -153,19 +156,16 @@ class DcpA2APlan:
             qsl = kernel_array(_as_int64(query_start_loc), np.int64, "query_start_loc")
             num_seqs = int(seq_lens.shape[0])
         grid, block = pack_grid(n, B, H)
-        self._pack(grid, block, ptr, (
-            kernel_array(cp_attn_out, self.bits, "cp_attn_out"),
-            kernel_array(lse, np.uint32, "cp_attn_lse"), seq, qsl, num_seqs,
-            send, recv, self.comm.rank))
+        kernel, data, send_k, recv_k = pack_args(
+            kernel_array(cp_attn_out, self.bits, "cp_attn_out"), send, recv)
+        kernel(grid, block, ptr, (data, kernel_array(lse, np.uint32, "cp_attn_lse"), seq, qsl,
+                                  num_seqs, send_k, recv_k, self.comm.rank))
         self.comm.alltoall_device(send.ptr, recv.ptr, chunk, ptr)
-        result_arr = kernel_array(result, self._value, "out")
-        if result_lse is None:
-            lse_arr = DeviceArray(result_arr.ptr, (0, 0), (4, 4), np.float32, result)
-        else:
-            lse_arr = kernel_array(result_lse, np.float32, "out_lse")
+        lse_arr = None if result_lse is None else kernel_array(result_lse, np.float32, "out_lse")
+        kernel, args = combine_args(self.dtype, recv, kernel_array(result, self._value, "out"),
+                                    lse_arr, self.base_e)
         grid, block = combine_grid(B, self.local_heads)
-        self._combine(grid, block, ptr, (
-            recv_values, recv, result_arr, lse_arr, int(result_lse is not None), int(self.base_e)))
+        kernel(grid, block, ptr, args)
         return (result, result_lse) if self.return_lse else result
 
     def _identity(self, x, lse, out):
@@ -174,12 +174,10 @@ class DcpA2APlan:
             x = out
         if not self.return_lse:
             return x
-        import cupy
-        return x, cupy.asarray(lse).astype(cupy.float32, copy=False)
+        return x, as_cupy(lse).astype(np.float32, copy=False)
 
 
 def _as_int64(x):
-    if np.dtype(x.dtype) == np.int64:
+    if as_dtype(x.dtype) == np.int64:
         return x
-    import cupy
-    return cupy.asarray(x).astype(cupy.int64)
+    return as_cupy(x).astype(np.int64)

@@ -13,7 +13,7 @@ from numba import config, cuda
 
 from ._launch import DeviceArray
 
-__all__ = ["dummy_index", "kernel_array", "stream_ptr"]
+__all__ = ["as_cupy", "dummy_index", "kernel_array", "stream_ptr"]
 
 
 def _cupy():
@@ -41,6 +41,18 @@ def _cai(obj):
             raise RuntimeError("arrays handed over by DLPack need CuPy (pip install cupy-cuda12x)")
         return _cai(cupy.from_dlpack(obj))
     raise TypeError(f"expected a CUDA array (CAI or DLPack) (got {type(obj).__name__})")
+
+
+def as_cupy(obj):
+    """``obj`` as a CuPy array without a copy (CAI first, then DLPack)."""
+    import cupy
+    if isinstance(obj, cupy.ndarray):
+        return obj
+    try:
+        obj.__cuda_array_interface__
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return cupy.from_dlpack(obj)
+    return cupy.asarray(obj)
 
 
 def kernel_array(obj, dtype, name="array"):

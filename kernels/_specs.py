@@ -28,15 +28,15 @@ def _dtype(x, name):
 
 def _convert(x, dtype):
     """``x`` as ``dtype`` on its device: a no-op when it already is."""
-    if np.dtype(x.dtype) == dtype:
+    if as_dtype(x.dtype) == dtype:
         return x
     if config.ENABLE_CUDASIM:
         return np.asarray(x).astype(dtype)
     try:
-        import cupy
+        from ._arrays import as_cupy
+        return as_cupy(x).astype(dtype)
     except ImportError:
         raise RuntimeError(f"converting a {x.dtype} array to {dtype} on the GPU needs CuPy") from None
-    return cupy.asarray(x).astype(dtype)
 
 
 def _spec(dtype, tokens, heads, head_dim, world_size):
@@ -65,7 +65,7 @@ def check_pack_args(out, lse, send, seq_lens=None, query_start_loc=None):
     B, H, D = _shape(out)
     if _shape(lse) != (B, H):
         raise ValueError(f"lse must be [B, H] = {(B, H)} (got shape {_shape(lse)})")
-    if np.dtype(lse.dtype).kind not in "fV":
+    if as_dtype(lse.dtype).kind not in "fV":
         raise TypeError(f"lse must be a float array (got dtype {lse.dtype})")
     if len(send.shape) != 4 or send.shape[0] < 1:
         raise ValueError(f"send must be [N, B, H/N, D+P] (got shape {_shape(send)})")
@@ -98,6 +98,6 @@ def check_combine_args(recv, out, out_lse=None):
     if out_lse is not None:
         if _shape(out_lse) != (B, hn):
             raise ValueError(f"out_lse must be [B, H/N] = {(B, hn)} (got shape {_shape(out_lse)})")
-        if np.dtype(out_lse.dtype) != np.float32:
+        if as_dtype(out_lse.dtype) != np.float32:
             raise TypeError(f"out_lse must be float32 (got {out_lse.dtype})")
     return _spec(dtype, B, hn * n, D, n)

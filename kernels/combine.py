@@ -30,7 +30,7 @@ WARP = 32
 ROWS_PER_BLOCK = 4
 UNROLL = 8
 ACCUMULATORS = 2 * UNROLL  # low and high value of each word in pairs mode
-MAX_BLOCKS = 132 * 16
+MAX_BLOCKS = 132 * 64
 
 _F32, _F16, _BF16, _BF16X2 = "float32", "float16", "bfloat16", "bfloat16x2"
 
@@ -103,6 +103,7 @@ def _combine_kernel(kind):
     f = device_functions()
     load_lse, decode_lo, decode_hi, encode = _codecs(kind, f)
     pairs = kind == _BF16X2  # each element is a word of two values
+    raw = {_F32: np.float32, _F16: np.float16, _BF16: np.uint16, _BF16X2: np.uint32}[kind]
     clean_lse, finish_max, lse_exp = f["clean_lse"], f["finish_max"], f["lse_exp"]
     inverse_total, global_lse, shard_weight = f["inverse_total"], f["global_lse"], f["shard_weight"]
     zero, neg_inf = f["zero"], f["neg_inf"]
@@ -115,6 +116,8 @@ def _combine_kernel(kind):
         lane = cuda.threadIdx.x
         row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
         acc = cuda.local.array(ACCUMULATORS, np.float32)
+        first = cuda.local.array(UNROLL, raw)
+        second = cuda.local.array(UNROLL, raw)
         while row < b_count * hn:  # one warp per (token, head) row; no block-wide sync
             b = row // hn
             h = row % hn
@@ -133,17 +136,30 @@ def _combine_kernel(kind):
             while base < d_count:
                 for k in range(ACCUMULATORS):
                     acc[k] = zero
-                for r in range(n):
-                    w = shard_weight(load_lse(vals, bits, r, b, h, width), m, inv_total, base_e)
-                    if w != zero:  # an empty shard adds nothing, even NaN
-                        src = vals[r, b, h]
-                        for k in range(UNROLL):
-                            d = base + k * WARP
-                            if d < d_count:
-                                x = src[d]
-                                acc[k] += w * decode_lo(x)
+                for r in range(0, n, 2):  # two shards at a time: both loads in flight at once
+                    w0 = shard_weight(load_lse(vals, bits, r, b, h, width), m, inv_total, base_e)
+                    w1 = zero
+                    if r + 1 < n:
+                        w1 = shard_weight(load_lse(vals, bits, r + 1, b, h, width), m, inv_total, base_e)
+                    src0 = vals[r, b, h]
+                    src1 = vals[min(r + 1, n - 1), b, h]
+                    for k in range(UNROLL):  # an empty shard is not even read
+                        d = base + k * WARP
+                        if d < d_count:
+                            if w0 != zero:
+                                first[k] = src0[d]
+                            if w1 != zero:
+                                second[k] = src1[d]
+                    for k in range(UNROLL):  # a zero weight adds nothing, even NaN
+                        if base + k * WARP < d_count:
+                            if w0 != zero:
+                                acc[k] += w0 * decode_lo(first[k])
                                 if pairs:
-                                    acc[UNROLL + k] += w * decode_hi(x)
+                                    acc[UNROLL + k] += w0 * decode_hi(first[k])
+                            if w1 != zero:
+                                acc[k] += w1 * decode_lo(second[k])
+                                if pairs:
+                                    acc[UNROLL + k] += w1 * decode_hi(second[k])
                 for k in range(UNROLL):
                     d = base + k * WARP
                     if d < d_count:

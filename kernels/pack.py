@@ -27,7 +27,7 @@ __all__ = ["pack_args", "pack_grid", "pack_kernel", "pack_send"]
 WARP = 32
 ROWS_PER_BLOCK = 4
 UNROLL = 8
-MAX_BLOCKS = 132 * 16
+MAX_BLOCKS = 132 * 64
 
 
 @functools.cache

@@ -35,11 +35,11 @@ def assert_combine_close(got, expect, xs, ls, dtype, base_e=True):
     """Within 1 ulp of ``dtype`` plus the float32 accumulation bound.
 
     The kernels accumulate in float32, so under cancellation (terms much larger
-    than their sum) the sum carries an error of a few float32 ulps of
+    than their sum), with float32 weights, the sum carries an error of up to 16 float32 ulps of
     ``sum_r w_r |x_r|`` before the final rounding; the float64 oracle does not.
     """
     magnitude = lse_weighted_combine(np.abs(xs.astype(np.float64)), ls, is_lse_base_on_e=base_e)
-    tol = ulp(expect, dtype) + 4.0 * 2.0 ** -24 * magnitude
+    tol = ulp(expect, dtype) + 16.0 * 2.0 ** -24 * magnitude
     err = np.abs(got - expect)
     bad = err > tol
     assert not bad.any(), (f"{int(bad.sum())} of {bad.size} outputs off; worst {err[bad].max():.3g} "
