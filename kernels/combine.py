@@ -29,7 +29,6 @@ __all__ = ["combine_args", "combine_grid", "combine_kernel", "combine_kind", "un
 WARP = 32
 ROWS_PER_BLOCK = 4
 UNROLL = 8
-ACCUMULATORS = 2 * UNROLL  # low and high value of each word in pairs mode
 MAX_BLOCKS = 132 * 64
 
 _F32, _F16, _BF16, _BF16X2 = "float32", "float16", "bfloat16", "bfloat16x2"
@@ -43,10 +42,22 @@ def _codecs(kind, f):
     low16, high16, sixteen = np.uint32(0xFFFF), np.uint32(0xFFFF0000), np.uint32(16)
     jit = cuda.jit(device=True)
 
+    # ``lse_lanes(vals, bits, b, h, width)`` gives the row's LSE lanes as views over the
+    # ranks (the low and high half for 16-bit outputs); ``load_lse(low, high, r)`` reads one.
+    if kind in (_F32, _BF16X2):
+        @jit
+        def lse_lanes(vals, bits, b, h, width):
+            lanes = vals[:, b, h, width - 1]
+            return lanes, lanes
+    else:
+        @jit
+        def lse_lanes(vals, bits, b, h, width):
+            return bits[:, b, h, width - 2], bits[:, b, h, width - 1]
+
     if kind == _F32:
         @jit
-        def load_lse(vals, bits, r, b, h, width):
-            return vals[r, b, h, width - 1]
+        def load_lse(low, high, r):
+            return low[r]
 
         @jit
         def decode_lo(x):
@@ -57,8 +68,8 @@ def _codecs(kind, f):
             return lo
     elif kind == _BF16X2:  # one uint32 word: two bfloat16 values, or the LSE's bits
         @jit
-        def load_lse(vals, bits, r, b, h, width):
-            return as_float(uint32(vals[r, b, h, width - 1]))
+        def load_lse(low, high, r):
+            return as_float(uint32(low[r]))
 
         @jit
         def decode_lo(x):
@@ -69,10 +80,8 @@ def _codecs(kind, f):
             return uint32(f32_to_bf16_bits(as_bits(lo)) | (f32_to_bf16_bits(as_bits(hi)) << sixteen))
     else:
         @jit
-        def load_lse(vals, bits, r, b, h, width):
-            low = uint32(bits[r, b, h, width - 2]) & low16
-            high = uint32(bits[r, b, h, width - 1]) & low16
-            return as_float(uint32(low | (high << sixteen)))
+        def load_lse(low, high, r):
+            return as_float(uint32((uint32(low[r]) & low16) | ((uint32(high[r]) & low16) << sixteen)))
 
         if kind == _F16:
             @jit
@@ -95,77 +104,93 @@ def _codecs(kind, f):
     def decode_hi(x):
         return as_float(uint32(uint32(x) & high16))
 
-    return load_lse, decode_lo, decode_hi, encode
+    return lse_lanes, load_lse, decode_lo, decode_hi, encode
 
 
 @functools.cache
-def _combine_kernel(kind):
+def _combine_kernel(kind, unroll=UNROLL):
     f = device_functions()
-    load_lse, decode_lo, decode_hi, encode = _codecs(kind, f)
+    accumulators = 2 * unroll  # low and high value of each word in pairs mode
+    lse_lanes, load_lse, decode_lo, decode_hi, encode = _codecs(kind, f)
     pairs = kind == _BF16X2  # each element is a word of two values
     raw = {_F32: np.float32, _F16: np.float16, _BF16: np.uint16, _BF16X2: np.uint32}[kind]
     clean_lse, finish_max, lse_exp = f["clean_lse"], f["finish_max"], f["lse_exp"]
     inverse_total, global_lse, shard_weight = f["inverse_total"], f["global_lse"], f["shard_weight"]
     zero, neg_inf = f["zero"], f["neg_inf"]
-    step = WARP * UNROLL
+    step = WARP * unroll
 
+    u64 = np.uint64
+    u_warp, u_step, u_one, u_two = u64(WARP), u64(step), u64(1), u64(2)
+
+    # Indices are unsigned so that Numba emits no negative-index wraparound.
     @cuda.jit
     def combine(vals, bits, out, out_lse, write_lse, base_e):
-        n, b_count, hn, width = vals.shape
-        d_count = out.shape[2]
-        lane = cuda.threadIdx.x
-        row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
-        acc = cuda.local.array(ACCUMULATORS, np.float32)
-        first = cuda.local.array(UNROLL, raw)
-        second = cuda.local.array(UNROLL, raw)
-        while row < b_count * hn:  # one warp per (token, head) row; no block-wide sync
+        n = u64(vals.shape[0])
+        hn = u64(vals.shape[2])
+        rows = u64(vals.shape[1]) * hn
+        width = u64(vals.shape[3])
+        d_count = u64(out.shape[2])
+        lane = u64(cuda.threadIdx.x)
+        row = u64(cuda.blockIdx.x) * u64(cuda.blockDim.y) + u64(cuda.threadIdx.y)
+        acc = cuda.local.array(accumulators, np.float32)
+        first = cuda.local.array(unroll, raw)
+        second = cuda.local.array(unroll, raw)
+        while row < rows:  # one warp per (token, head) row; no block-wide sync
             b = row // hn
             h = row % hn
-            m = neg_inf
-            for r in range(n):
-                m = max(m, clean_lse(load_lse(vals, bits, r, b, h, width)))
-            m = finish_max(m)
-            total = zero
-            for r in range(n):
-                total += lse_exp(clean_lse(load_lse(vals, bits, r, b, h, width)) - m, base_e)
-            inv_total = inverse_total(total)
-            if write_lse and lane == 0:
-                out_lse[b, h] = global_lse(total, m, base_e)
             dst = out[b, h]
+            low, high = lse_lanes(vals, bits, b, h, width)
+            m = zero
+            inv_total = zero
+            weighed = False
             base = lane
             while base < d_count:
-                for k in range(ACCUMULATORS):
+                for k in range(accumulators):
                     acc[k] = zero
-                for r in range(0, n, 2):  # two shards at a time: both loads in flight at once
-                    w0 = shard_weight(load_lse(vals, bits, r, b, h, width), m, inv_total, base_e)
-                    w1 = zero
-                    if r + 1 < n:
-                        w1 = shard_weight(load_lse(vals, bits, r + 1, b, h, width), m, inv_total, base_e)
+                r = u64(0)
+                while r < n:  # two shards at a time
+                    r1 = min(r + u_one, n - u_one)
                     src0 = vals[r, b, h]
-                    src1 = vals[min(r + 1, n - 1), b, h]
-                    for k in range(UNROLL):  # an empty shard is not even read
-                        d = base + k * WARP
+                    src1 = vals[r1, b, h]
+                    for k in range(unroll):  # every load issued before any is used
+                        d = base + u64(k) * u_warp
                         if d < d_count:
-                            if w0 != zero:
-                                first[k] = src0[d]
-                            if w1 != zero:
-                                second[k] = src1[d]
-                    for k in range(UNROLL):  # a zero weight adds nothing, even NaN
-                        if base + k * WARP < d_count:
+                            first[k] = src0[d]
+                            second[k] = src1[d]
+                    if not weighed:  # the row's LSEs load while the partials do (lane 0
+                        # always gets here: D >= 1)
+                        m = neg_inf
+                        for q in range(n):
+                            m = max(m, clean_lse(load_lse(low, high, q)))
+                        m = finish_max(m)
+                        total = zero
+                        for q in range(n):
+                            total += lse_exp(clean_lse(load_lse(low, high, q)) - m, base_e)
+                        inv_total = inverse_total(total)
+                        if write_lse and lane == 0:
+                            out_lse[b, h] = global_lse(total, m, base_e)
+                        weighed = True
+                    w0 = shard_weight(load_lse(low, high, r), m, inv_total, base_e)
+                    w1 = zero
+                    if r1 != r:
+                        w1 = shard_weight(load_lse(low, high, r1), m, inv_total, base_e)
+                    for k in range(unroll):  # a zero weight adds nothing, even NaN
+                        if base + u64(k) * u_warp < d_count:
                             if w0 != zero:
                                 acc[k] += w0 * decode_lo(first[k])
                                 if pairs:
-                                    acc[UNROLL + k] += w0 * decode_hi(first[k])
+                                    acc[unroll + k] += w0 * decode_hi(first[k])
                             if w1 != zero:
                                 acc[k] += w1 * decode_lo(second[k])
                                 if pairs:
-                                    acc[UNROLL + k] += w1 * decode_hi(second[k])
-                for k in range(UNROLL):
-                    d = base + k * WARP
+                                    acc[unroll + k] += w1 * decode_hi(second[k])
+                    r += u_two
+                for k in range(unroll):
+                    d = base + u64(k) * u_warp
                     if d < d_count:
-                        dst[d] = encode(acc[k], acc[UNROLL + k])
-                base += step
-            row += cuda.gridDim.x * cuda.blockDim.y
+                        dst[d] = encode(acc[k], acc[unroll + k])
+                base += u_step
+            row += u64(cuda.gridDim.x) * u64(cuda.blockDim.y)
 
     return combine
 

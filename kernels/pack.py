@@ -37,43 +37,49 @@ def _pack_kernel():
     low16, sixteen = np.uint32(0xFFFF), np.uint32(16)
     step = WARP * UNROLL
 
+    u64 = np.uint64
+    u_warp, u_step, u_one = u64(WARP), u64(step), u64(1)
+
+    # Indices are unsigned so that Numba emits no negative-index wraparound.
     @cuda.jit
     def pack(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank):
-        n, b_count, hn, width = send.shape
-        d_count = data.shape[2]
-        per_rank = b_count * hn
-        lane = cuda.threadIdx.x
-        row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
+        b_count = u64(send.shape[1])
+        hn = u64(send.shape[2])
+        rows = u64(send.shape[0]) * b_count * hn
+        width = u64(send.shape[3])
+        d_count = u64(data.shape[2])
+        lane = u64(cuda.threadIdx.x)
+        row = u64(cuda.blockIdx.x) * u64(cuda.blockDim.y) + u64(cuda.threadIdx.y)
         buf = cuda.local.array(UNROLL, np.uint32)
-        while row < n * per_rank:
-            r = row // per_rank
-            b = (row // hn) % b_count
+        while row < rows:
             h = row % hn
+            b = (row // hn) % b_count
+            r = row // (b_count * hn)
             head = r * hn + h
             src = data[b, head]
             # our own chunk skips the exchange: it goes straight to the receive buffer
-            dst = recv[r, b, h] if r == self_rank else send[r, b, h]
+            dst = recv[r, b, h] if self_rank >= 0 and r == u64(self_rank) else send[r, b, h]
             base = lane
             while base < d_count:
                 for k in range(UNROLL):  # every load issued before any store
-                    d = base + k * WARP
+                    d = base + u64(k) * u_warp
                     if d < d_count:
                         buf[k] = src[d]
                 for k in range(UNROLL):
-                    d = base + k * WARP
+                    d = base + u64(k) * u_warp
                     if d < d_count:
                         dst[d] = buf[k]
-                base += step
+                base += u_step
             if lane == 0:
                 bits = np.uint32(lse_bits[b, head])
-                if row_is_empty(b, seq_lens, query_start_loc, num_seqs):
+                if row_is_empty(np.int64(b), seq_lens, query_start_loc, num_seqs):
                     bits = neg_inf_bits
-                if width - d_count == 1:
+                if width - d_count == u_one:
                     dst[d_count] = bits
                 else:
                     dst[d_count] = bits & low16
-                    dst[d_count + 1] = (bits >> sixteen) & low16
-            row += cuda.gridDim.x * cuda.blockDim.y
+                    dst[d_count + u_one] = (bits >> sixteen) & low16
+            row += u64(cuda.gridDim.x) * u64(cuda.blockDim.y)
 
     return pack
 
