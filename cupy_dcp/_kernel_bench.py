@@ -10,8 +10,8 @@ import numpy as np
 
 from .layout import as_dtype, bits_dtype, lse_pack_dim
 from .kernels._arrays import dummy_index, kernel_array
-from .kernels.combine import combine_args, combine_grid, combine_kind
-from .kernels.pack import pack_args, pack_grid
+from .kernels.combine import combine_kind, combine_launch
+from .kernels.pack import pack_launch
 
 SHAPES = [(128, 512), (64, 128)]
 
@@ -56,6 +56,19 @@ extern "C" __global__ void copy16(const uint4* __restrict__ src, uint4* __restri
 """
 
 
+def _launcher_costs(kernel, grid, block, stream, args):
+    """Host microseconds per pack launch through each launcher that works here."""
+    from .kernels._launch import SpecializedKernel, _KINDS
+    costs = []
+    for kind in _KINDS:
+        try:
+            k = SpecializedKernel(kernel._dispatcher, kernel.argtypes, kind=kind)
+            costs.append(f"{kind} {_host_launch_us(lambda: k(grid, block, stream.ptr, args), stream):.1f}")
+        except Exception as exc:  # a launcher whose package is missing here
+            costs.append(f"{kind} n/a ({type(exc).__name__})")
+    print("host us per launch: " + ", ".join(costs), flush=True)
+
+
 def copy_bandwidth(cupy, stream, nbytes=1 << 30):
     """Device-to-device copy GB/s (read + write) of an ``nbytes`` buffer: the better of
     ``cudaMemcpyAsync`` and a 16-byte-vector copy kernel (the GPU's attainable copy rate)."""
@@ -97,21 +110,22 @@ def run_kernels(args):
                 recv = cupy.zeros_like(send)
                 out = cupy.zeros((B, H // n, D), dtype=dtype)
                 out_lse = cupy.zeros((B, H // n), dtype=cupy.float32)
-                pk, data, send_k, recv_k = pack_args(kernel_array(x, bits), kernel_array(send, bits),
-                                                     kernel_array(recv, bits))
-                pargs = (data, kernel_array(lse, np.uint32), dummy_index(), dummy_index(), -1,
-                         send_k, recv_k, 0)
-                ck, cargs = combine_args(dtype, kernel_array(recv, bits), kernel_array(out, value),
-                                         kernel_array(out_lse, np.float32), True)
-                pgrid, cgrid = pack_grid(n, B, H), combine_grid(B, H // n)
-                p_us = _graph_us(cupy, stream, lambda: pk(*pgrid, stream.ptr, pargs),
+                pk, pgrid, pblock, pargs = pack_launch(
+                    kernel_array(x, bits), kernel_array(lse, np.uint32), dummy_index(),
+                    dummy_index(), -1, kernel_array(send, bits), kernel_array(recv, bits), 0)
+                ck, cgrid, cblock, cargs = combine_launch(
+                    dtype, kernel_array(recv, bits), kernel_array(out, value),
+                    kernel_array(out_lse, np.float32), True)
+                p_us = _graph_us(cupy, stream, lambda: pk(pgrid, pblock, stream.ptr, pargs),
                                  args.calls, args.reps)
-                c_us = _graph_us(cupy, stream, lambda: ck(*cgrid, stream.ptr, cargs),
+                c_us = _graph_us(cupy, stream, lambda: ck(cgrid, cblock, stream.ptr, cargs),
                                  args.calls, args.reps)
                 p_bytes = x.nbytes + lse.nbytes + send.nbytes
                 c_bytes = recv.nbytes + out.nbytes + out_lse.nbytes
                 p_gbs, c_gbs = p_bytes / p_us / 1e3, c_bytes / c_us / 1e3
-                host_us = _host_launch_us(lambda: pk(*pgrid, stream.ptr, pargs), stream)
+                host_us = _host_launch_us(lambda: pk(pgrid, pblock, stream.ptr, pargs), stream)
+                if B == args.tokens[0] and H == args.heads:
+                    _launcher_costs(pk, pgrid, pblock, stream, pargs)
                 print(f"{B:>6} {H:>4} {D:>4} {p_us:>8.2f} {p_gbs:>10.0f} {100 * p_gbs / copy:>5.0f}% "
                       f"{c_us:>10.2f} {c_gbs:>10.0f} {100 * c_gbs / copy:>5.0f}%  "
                       f"(host {host_us:.1f} us per pack launch)", flush=True)

@@ -15,8 +15,9 @@ from .comm import as_communicator
 from .layout import BFLOAT16, as_dtype, bits_dtype, lse_pack_dim
 from .kernels._arrays import as_cupy, dummy_index, kernel_array, stream_ptr
 from .kernels._launch import DeviceArray
-from .kernels.combine import combine_args, combine_grid, combine_kernel, combine_kind
-from .kernels.pack import pack_args, pack_grid, pack_kernel
+from .kernels._rows import lanes_per_row
+from .kernels.combine import combine_kernel, combine_kind, combine_launch
+from .kernels.pack import pack_kernel, pack_launch
 
 __all__ = ["DcpA2APlan"]
 
@@ -80,13 +81,18 @@ class DcpA2APlan:
         self._result = cupy.empty((max_tokens, self.local_heads, head_dim), dtype=dtype)
         self._result_lse = cupy.empty((max_tokens, self.local_heads), dtype=cupy.float32)
         self._no_mask = dummy_index()
-        # compile and load every kernel a call may pick now, never inside a capture
-        pack_kernel(self.bits)
-        combine_kernel(dtype)
-        if self.bits.itemsize == 2:  # the word-wide variants
-            pack_kernel(np.dtype(np.uint32))
-            combine_kernel(dtype, pairs=dtype == BFLOAT16)
+        self._warm_up()
         self._views = {}
+
+    def _warm_up(self):
+        """Compile and load now every kernel a call may pick, never inside a capture."""
+        D = self.head_dim
+        pack_kernel(self.bits, lanes_per_row(D))
+        combine_kernel(self.dtype, False, lanes_per_row(D))
+        if self.bits.itemsize == 2 and D % 2 == 0:  # the word-wide variants
+            pack_kernel(np.dtype(np.uint32), lanes_per_row(D // 2))
+            if self.dtype == BFLOAT16:
+                combine_kernel(self.dtype, True, lanes_per_row(D // 2))
 
     def _buffers(self, tokens):
         """Send and receive views for ``tokens`` tokens, built once per size."""
@@ -155,16 +161,15 @@ class DcpA2APlan:
             seq = kernel_array(_as_int64(seq_lens), np.int64, "seq_lens")
             qsl = kernel_array(_as_int64(query_start_loc), np.int64, "query_start_loc")
             num_seqs = int(seq_lens.shape[0])
-        grid, block = pack_grid(n, B, H)
-        kernel, data, send_k, recv_k = pack_args(
-            kernel_array(cp_attn_out, self.bits, "cp_attn_out"), send, recv)
-        kernel(grid, block, ptr, (data, kernel_array(lse, np.uint32, "cp_attn_lse"), seq, qsl,
-                                  num_seqs, send_k, recv_k, self.comm.rank))
+        kernel, grid, block, args = pack_launch(
+            kernel_array(cp_attn_out, self.bits, "cp_attn_out"),
+            kernel_array(lse, np.uint32, "cp_attn_lse"), seq, qsl, num_seqs, send, recv,
+            self.comm.rank)
+        kernel(grid, block, ptr, args)
         self.comm.alltoall_device(send.ptr, recv.ptr, chunk, ptr)
         lse_arr = None if result_lse is None else kernel_array(result_lse, np.float32, "out_lse")
-        kernel, args = combine_args(self.dtype, recv, kernel_array(result, self._value, "out"),
-                                    lse_arr, self.base_e)
-        grid, block = combine_grid(B, self.local_heads)
+        kernel, grid, block, args = combine_launch(
+            self.dtype, recv, kernel_array(result, self._value, "out"), lse_arr, self.base_e)
         kernel(grid, block, ptr, args)
         return (result, result_lse) if self.return_lse else result
 

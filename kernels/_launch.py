@@ -2,11 +2,13 @@
 
 A lazily typed Numba launch costs 50-200 us of host time. Here each kernel is
 compiled once for one signature; its cubin (Numba's own compilation) is
-loaded with ``cuda.core`` (or CuPy's driver module where cuda.core is absent)
-and launched with the flattened Numba argument ABI: every array becomes
-``meminfo, parent, nitems, itemsize, data, shape..., strides...`` (all 64-bit;
-strides in bytes). The launch touches no stream but the one it is given, so
-it can be captured in a CUDA graph.
+loaded and launched through the CUDA driver API of ``cuda.bindings`` (else
+``cuda.core``, else CuPy's driver module) with the flattened Numba argument
+ABI: every array becomes ``meminfo, parent, nitems, itemsize, data,
+shape..., strides...`` (all 64-bit; strides in bytes), and every scalar
+argument of our kernels is an int64, so the parameters are one int64 array.
+The launch touches no stream but the one it is given, so it can be captured
+in a CUDA graph.
 
 Under the CUDA simulator, and with ``CUPY_DCP_LAUNCHER=numba``, the Numba
 dispatcher launches instead (same kernels, same arguments).
@@ -72,15 +74,24 @@ class DeviceArray:
         return cuda.from_cuda_array_interface(desc, owner=self.owner, sync=False)
 
 
+_KINDS = ("driver", "core", "cupy", "numba")
+
+
 def launcher_kind():
-    """``"core"`` (cuda.core), ``"cupy"`` or ``"numba"``: how kernels are launched."""
+    """``"driver"`` (cuda.bindings), ``"core"`` (cuda.core), ``"cupy"`` or ``"numba"``:
+    how kernels are launched (``CUPY_DCP_LAUNCHER`` picks one)."""
     if config.ENABLE_CUDASIM:
         return "numba"
     forced = os.environ.get("CUPY_DCP_LAUNCHER")
     if forced:
-        if forced not in ("core", "cupy", "numba"):
-            raise ValueError(f"CUPY_DCP_LAUNCHER must be core, cupy or numba (got {forced!r})")
+        if forced not in _KINDS:
+            raise ValueError(f"CUPY_DCP_LAUNCHER must be one of {_KINDS} (got {forced!r})")
         return forced
+    try:
+        from cuda.bindings import driver  # noqa: F401
+        return "driver"
+    except ImportError:
+        pass
     try:
         import cuda.core  # noqa: F401
         return "core"
@@ -113,8 +124,8 @@ class SpecializedKernel:
         argtypes: the Numba types of its arguments (arrays and int64 scalars).
     """
 
-    def __init__(self, dispatcher, argtypes):
-        self.kind = launcher_kind()
+    def __init__(self, dispatcher, argtypes, kind=None):
+        self.kind = kind or launcher_kind()
         self.argtypes = tuple(argtypes)
         self._dispatcher = dispatcher
         if self.kind == "numba":
@@ -125,7 +136,15 @@ class SpecializedKernel:
         cubin = compiled.library.get_cubin(cc=cc)
         cubin = getattr(cubin, "code", cubin)
         name = compiled.entry_name
-        if self.kind == "core":
+        if self.kind == "driver":
+            from cuda.bindings import driver
+            self._driver = driver
+            err, self._module = driver.cuModuleLoadData(cubin)
+            _check(driver, err, "cuModuleLoadData")
+            err, self._function = driver.cuModuleGetFunction(self._module, name.encode())
+            _check(driver, err, "cuModuleGetFunction")
+            self._streams = {}
+        elif self.kind == "core":
             from cuda.core import LaunchConfig, ObjectCode, launch
             self._function = ObjectCode.from_cubin(cubin).get_kernel(name)
             self._config = LaunchConfig
@@ -153,8 +172,21 @@ class SpecializedKernel:
         self.launch_flat(grid, block, stream_ptr, flat)
 
     def launch_flat(self, grid, block, stream_ptr, flat):
-        """Launch with arguments already flattened to the ABI (plans bind them once)."""
-        if self.kind == "core":
+        """Launch with arguments already flattened to the ABI."""
+        if self.kind == "driver":
+            params = np.array(flat, dtype=np.int64)
+            pointers = np.arange(params.ctypes.data, params.ctypes.data + 8 * len(flat), 8,
+                                 dtype=np.uint64)
+            stream = self._streams.get(stream_ptr)
+            if stream is None:
+                stream = self._streams[stream_ptr] = self._driver.CUstream(stream_ptr)
+            gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+            bx, by, bz = (tuple(block) + (1, 1))[:3]
+            err, = self._driver.cuLaunchKernel(self._function, gx, gy, gz, bx, by, bz, 0, stream,
+                                               pointers.ctypes.data, 0)
+            if err:
+                _check(self._driver, err, "cuLaunchKernel")
+        elif self.kind == "core":
             key = (grid, block)
             config = self._configs.get(key)
             if config is None:
@@ -175,6 +207,11 @@ class SpecializedKernel:
         else:
             stream = cuda.external_stream(stream_ptr) if stream_ptr else cuda.default_stream()
         self._dispatcher[grid, block, stream](*views)
+
+
+def _check(driver, err, what):
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{what} failed: {driver.cuGetErrorString(err)[1]!r} ({err!r})")
 
 
 def _core_stream(ptr):

@@ -22,14 +22,11 @@ from numba.core import types
 from ._arrays import kernel_array, stream_ptr
 from ._device import device_functions
 from ._launch import DeviceArray, SpecializedKernel, array_type
+from ._rows import UNROLL, WARP, lanes_per_row, row_grid
 from ._specs import check_combine_args
 
-__all__ = ["combine_args", "combine_grid", "combine_kernel", "combine_kind", "unpack_combine"]
+__all__ = ["combine_kernel", "combine_kind", "combine_launch", "unpack_combine"]
 
-WARP = 32
-ROWS_PER_BLOCK = 4
-UNROLL = 8
-MAX_BLOCKS = 132 * 64
 
 _F32, _F16, _BF16, _BF16X2 = "float32", "float16", "bfloat16", "bfloat16x2"
 
@@ -108,7 +105,7 @@ def _codecs(kind, f):
 
 
 @functools.cache
-def _combine_kernel(kind, unroll=UNROLL):
+def _combine_kernel(kind, group=WARP, unroll=UNROLL):
     f = device_functions()
     accumulators = 2 * unroll  # low and high value of each word in pairs mode
     lse_lanes, load_lse, decode_lo, decode_hi, encode = _codecs(kind, f)
@@ -117,10 +114,11 @@ def _combine_kernel(kind, unroll=UNROLL):
     clean_lse, finish_max, lse_exp = f["clean_lse"], f["finish_max"], f["lse_exp"]
     inverse_total, global_lse, shard_weight = f["inverse_total"], f["global_lse"], f["shard_weight"]
     zero, neg_inf = f["zero"], f["neg_inf"]
-    step = WARP * unroll
+    step = group * unroll
+    per_warp = WARP // group
 
     u64 = np.uint64
-    u_warp, u_step, u_one, u_two = u64(WARP), u64(step), u64(1), u64(2)
+    u_group, u_step, u_one, u_two, u_per_warp = u64(group), u64(step), u64(1), u64(2), u64(per_warp)
 
     # Indices are unsigned so that Numba emits no negative-index wraparound.
     @cuda.jit
@@ -130,12 +128,13 @@ def _combine_kernel(kind, unroll=UNROLL):
         rows = u64(vals.shape[1]) * hn
         width = u64(vals.shape[3])
         d_count = u64(out.shape[2])
-        lane = u64(cuda.threadIdx.x)
-        row = u64(cuda.blockIdx.x) * u64(cuda.blockDim.y) + u64(cuda.threadIdx.y)
+        lane = u64(cuda.threadIdx.x) % u_group
+        warp = u64(cuda.blockIdx.x) * u64(cuda.blockDim.y) + u64(cuda.threadIdx.y)
+        row = warp * u_per_warp + u64(cuda.threadIdx.x) // u_group
         acc = cuda.local.array(accumulators, np.float32)
         first = cuda.local.array(unroll, raw)
         second = cuda.local.array(unroll, raw)
-        while row < rows:  # one warp per (token, head) row; no block-wide sync
+        while row < rows:  # one lane group per (token, head) row; no synchronisation
             b = row // hn
             h = row % hn
             dst = out[b, h]
@@ -153,7 +152,7 @@ def _combine_kernel(kind, unroll=UNROLL):
                     src0 = vals[r, b, h]
                     src1 = vals[r1, b, h]
                     for k in range(unroll):  # every load issued before any is used
-                        d = base + u64(k) * u_warp
+                        d = base + u64(k) * u_group
                         if d < d_count:
                             first[k] = src0[d]
                             second[k] = src1[d]
@@ -175,7 +174,7 @@ def _combine_kernel(kind, unroll=UNROLL):
                     if r1 != r:
                         w1 = shard_weight(load_lse(low, high, r1), m, inv_total, base_e)
                     for k in range(unroll):  # a zero weight adds nothing, even NaN
-                        if base + u64(k) * u_warp < d_count:
+                        if base + u64(k) * u_group < d_count:
                             if w0 != zero:
                                 acc[k] += w0 * decode_lo(first[k])
                                 if pairs:
@@ -186,11 +185,11 @@ def _combine_kernel(kind, unroll=UNROLL):
                                     acc[unroll + k] += w1 * decode_hi(second[k])
                     r += u_two
                 for k in range(unroll):
-                    d = base + u64(k) * u_warp
+                    d = base + u64(k) * u_group
                     if d < d_count:
                         dst[d] = encode(acc[k], acc[unroll + k])
                 base += u_step
-            row += u64(cuda.gridDim.x) * u64(cuda.blockDim.y)
+            row += u64(cuda.gridDim.x) * u64(cuda.blockDim.y) * u_per_warp
 
     return combine
 
@@ -212,20 +211,15 @@ def combine_kind(dtype, pairs=False):
 
 
 @functools.cache
-def combine_kernel(dtype, pairs=False):
-    """The combine kernel specialised for output ``dtype`` (and bfloat16 pairs)."""
+def combine_kernel(dtype, pairs=False, group=WARP):
+    """The combine kernel specialised for output ``dtype`` (and bfloat16 pairs) and
+    ``group`` lanes per row."""
     kind, value = combine_kind(dtype, pairs)
     bits = np.dtype(np.uint32 if value.itemsize == 4 else np.uint16)
     i64 = types.int64
     argtypes = (array_type(value, 4, True), array_type(bits, 4, True),
                 array_type(value, 3, False), array_type(np.float32, 2, False), i64, i64)
-    return SpecializedKernel(_combine_kernel(kind), argtypes)
-
-
-def combine_grid(tokens, local_heads):
-    """Launch shape of the combine kernel: ``(grid, block)``."""
-    rows = tokens * local_heads
-    return (min(-(-rows // ROWS_PER_BLOCK), MAX_BLOCKS),), (WARP, ROWS_PER_BLOCK)
+    return SpecializedKernel(_combine_kernel(kind, group), argtypes)
 
 
 def unpack_combine(recv, out, out_lse=None, is_lse_base_on_e=True, stream=None):
@@ -247,17 +241,16 @@ def unpack_combine(recv, out, out_lse=None, is_lse_base_on_e=True, stream=None):
         return
     _, value = combine_kind(spec.dtype)
     lse_arr = None if out_lse is None else kernel_array(out_lse, np.float32, "out_lse")
-    kernel, args = combine_args(spec.dtype, kernel_array(recv, spec.bits, "recv"),
-                                kernel_array(out, value, "out"), lse_arr, is_lse_base_on_e)
-    grid, block = combine_grid(spec.tokens, spec.heads // spec.world_size)
+    kernel, grid, block, args = combine_launch(
+        spec.dtype, kernel_array(recv, spec.bits, "recv"), kernel_array(out, value, "out"),
+        lse_arr, is_lse_base_on_e)
     kernel(grid, block, stream_ptr(stream), args)
 
 
-def combine_args(dtype, recv_bits, out, out_lse, is_lse_base_on_e):
-    """The specialised kernel and its arguments for ``recv_bits`` (the receive buffer
-    seen as bits), ``out`` (seen as the kind's values) and optional ``out_lse``.
-
-    bfloat16 goes in pairs (uint32 words) where both buffers allow it.
+def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e):
+    """``(kernel, grid, block, args)`` of one combine, for ``recv_bits`` (the receive
+    buffer seen as bits), ``out`` (seen as the kind's values) and optional
+    ``out_lse``; bfloat16 goes in pairs (uint32 words) where both buffers allow it.
     """
     kind, value = combine_kind(dtype)
     recv_vals = DeviceArray(recv_bits.ptr, recv_bits.shape, recv_bits.strides, value, recv_bits.owner)
@@ -268,5 +261,8 @@ def combine_args(dtype, recv_bits, out, out_lse, is_lse_base_on_e):
     write_lse = out_lse is not None
     if not write_lse:  # never read: a placeholder of the right type
         out_lse = DeviceArray(out.ptr, (0, 0), (4, 4), np.float32, out.owner)
-    kernel = combine_kernel(dtype, kind == _BF16X2)
-    return kernel, (recv_vals, recv_bits, out, out_lse, int(write_lse), int(bool(is_lse_base_on_e)))
+    group = lanes_per_row(out.shape[2])
+    grid, block = row_grid(out.shape[0] * out.shape[1], group)
+    kernel = combine_kernel(dtype, kind == _BF16X2, group)
+    return kernel, grid, block, (recv_vals, recv_bits, out, out_lse, int(write_lse),
+                                 int(bool(is_lse_base_on_e)))

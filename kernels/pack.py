@@ -20,25 +20,23 @@ from ._arrays import dummy_index, kernel_array, stream_ptr
 from ._device import device_functions
 from ._launch import SpecializedKernel, array_type
 from ._math import NEG_INF_BITS
+from ._rows import UNROLL, WARP, lanes_per_row, row_grid
 from ._specs import check_pack_args
 
-__all__ = ["pack_args", "pack_grid", "pack_kernel", "pack_send"]
+__all__ = ["pack_kernel", "pack_launch", "pack_send"]
 
-WARP = 32
-ROWS_PER_BLOCK = 4
-UNROLL = 8
-MAX_BLOCKS = 132 * 64
 
 
 @functools.cache
-def _pack_kernel():
+def _pack_kernel(group=WARP):
     row_is_empty = device_functions()["row_is_empty"]
     neg_inf_bits = np.uint32(NEG_INF_BITS)
     low16, sixteen = np.uint32(0xFFFF), np.uint32(16)
-    step = WARP * UNROLL
+    step = group * UNROLL
+    per_warp = WARP // group
 
     u64 = np.uint64
-    u_warp, u_step, u_one = u64(WARP), u64(step), u64(1)
+    u_group, u_step, u_one, u_per_warp = u64(group), u64(step), u64(1), u64(per_warp)
 
     # Indices are unsigned so that Numba emits no negative-index wraparound.
     @cuda.jit
@@ -48,8 +46,9 @@ def _pack_kernel():
         rows = u64(send.shape[0]) * b_count * hn
         width = u64(send.shape[3])
         d_count = u64(data.shape[2])
-        lane = u64(cuda.threadIdx.x)
-        row = u64(cuda.blockIdx.x) * u64(cuda.blockDim.y) + u64(cuda.threadIdx.y)
+        lane = u64(cuda.threadIdx.x) % u_group
+        warp = u64(cuda.blockIdx.x) * u64(cuda.blockDim.y) + u64(cuda.threadIdx.y)
+        row = warp * u_per_warp + u64(cuda.threadIdx.x) // u_group
         buf = cuda.local.array(UNROLL, np.uint32)
         while row < rows:
             h = row % hn
@@ -62,11 +61,11 @@ def _pack_kernel():
             base = lane
             while base < d_count:
                 for k in range(UNROLL):  # every load issued before any store
-                    d = base + u64(k) * u_warp
+                    d = base + u64(k) * u_group
                     if d < d_count:
                         buf[k] = src[d]
                 for k in range(UNROLL):
-                    d = base + u64(k) * u_warp
+                    d = base + u64(k) * u_group
                     if d < d_count:
                         dst[d] = buf[k]
                 base += u_step
@@ -79,25 +78,20 @@ def _pack_kernel():
                 else:
                     dst[d_count] = bits & low16
                     dst[d_count + u_one] = (bits >> sixteen) & low16
-            row += u64(cuda.gridDim.x) * u64(cuda.blockDim.y)
+            row += u64(cuda.gridDim.x) * u64(cuda.blockDim.y) * u_per_warp
 
     return pack
 
 
 @functools.cache
-def pack_kernel(bits):
-    """The pack kernel specialised for element bits ``bits`` (uint16 or uint32)."""
+def pack_kernel(bits, group=WARP):
+    """The pack kernel specialised for element bits ``bits`` (uint16 or uint32) and
+    ``group`` lanes per row."""
     i64 = types.int64
     argtypes = (array_type(bits, 3, False), array_type(np.uint32, 2, False),
                 array_type(np.int64, 1, True), array_type(np.int64, 1, True), i64,
                 array_type(bits, 4, True), array_type(bits, 4, True), i64)
-    return SpecializedKernel(_pack_kernel(), argtypes)
-
-
-def pack_grid(world_size, tokens, heads):
-    """Launch shape of the pack kernel: ``(grid, block)``."""
-    rows = world_size * tokens * (heads // world_size)
-    return (min(-(-rows // ROWS_PER_BLOCK), MAX_BLOCKS),), (WARP, ROWS_PER_BLOCK)
+    return SpecializedKernel(_pack_kernel(group), argtypes)
 
 
 def pack_send(out, lse, send, stream=None, seq_lens=None, query_start_loc=None,
@@ -134,18 +128,21 @@ def pack_send(out, lse, send, stream=None, seq_lens=None, query_start_loc=None,
     recv_arr = send_arr if recv is None else kernel_array(recv, spec.bits, "recv")
     if recv is None:
         self_rank = -1
-    grid, block = pack_grid(spec.world_size, spec.tokens, spec.heads)
-    kernel, data, send_arr, recv_arr = pack_args(kernel_array(out, spec.bits, "out"), send_arr, recv_arr)
-    kernel(grid, block, stream_ptr(stream), (
-        data, kernel_array(lse, np.uint32, "lse"), seq_arr, qsl_arr, num_seqs,
-        send_arr, recv_arr, int(self_rank)))
+    kernel, grid, block, args = pack_launch(
+        kernel_array(out, spec.bits, "out"), kernel_array(lse, np.uint32, "lse"),
+        seq_arr, qsl_arr, num_seqs, send_arr, recv_arr, self_rank)
+    kernel(grid, block, stream_ptr(stream), args)
 
 
-def pack_args(data, send, recv):
-    """The specialised kernel, and the arrays it moves: as uint32 words where the
-    16-bit data and both buffers allow it (the LSE's two lanes are then one word)."""
+def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank):
+    """``(kernel, grid, block, args)`` of one pack: :class:`DeviceArray` arguments in,
+    moved as uint32 words where the 16-bit data and both buffers allow it (the
+    LSE's two lanes are then one word)."""
     if data.dtype.itemsize == 2:
         words = data.as_words(), send.as_words(), recv.as_words()
         if None not in words:
             data, send, recv = words
-    return pack_kernel(data.dtype), data, send, recv
+    group = lanes_per_row(data.shape[2])
+    grid, block = row_grid(send.shape[0] * send.shape[1] * send.shape[2], group)
+    return pack_kernel(data.dtype, group), grid, block, (
+        data, lse_bits, seq_lens, query_start_loc, int(num_seqs), send, recv, int(self_rank))
