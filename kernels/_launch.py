@@ -15,6 +15,7 @@ dispatcher launches instead (same kernels, same arguments).
 """
 
 import os
+import threading
 
 import numpy as np
 from numba import config, cuda, from_dtype
@@ -144,6 +145,13 @@ class SpecializedKernel:
             err, self._function = driver.cuModuleGetFunction(self._module, name.encode())
             _check(driver, err, "cuModuleGetFunction")
             self._streams = {}
+            # One parameter block, reused: cuLaunchKernel copies it before it returns.
+            count = sum(5 + 2 * t.ndim if isinstance(t, types.Array) else 1 for t in self.argtypes)
+            self._params = np.zeros(count, dtype=np.int64)
+            self._pointers = np.arange(self._params.ctypes.data,
+                                       self._params.ctypes.data + 8 * count, 8, dtype=np.uint64)
+            self._pointers_ptr = int(self._pointers.ctypes.data)
+            self._lock = threading.Lock()
         elif self.kind == "core":
             from cuda.core import LaunchConfig, ObjectCode, launch
             self._function = ObjectCode.from_cubin(cubin).get_kernel(name)
@@ -174,16 +182,15 @@ class SpecializedKernel:
     def launch_flat(self, grid, block, stream_ptr, flat):
         """Launch with arguments already flattened to the ABI."""
         if self.kind == "driver":
-            params = np.array(flat, dtype=np.int64)
-            pointers = np.arange(params.ctypes.data, params.ctypes.data + 8 * len(flat), 8,
-                                 dtype=np.uint64)
             stream = self._streams.get(stream_ptr)
             if stream is None:
                 stream = self._streams[stream_ptr] = self._driver.CUstream(stream_ptr)
             gx, gy, gz = (tuple(grid) + (1, 1))[:3]
             bx, by, bz = (tuple(block) + (1, 1))[:3]
-            err, = self._driver.cuLaunchKernel(self._function, gx, gy, gz, bx, by, bz, 0, stream,
-                                               pointers.ctypes.data, 0)
+            with self._lock:
+                self._params[:] = flat
+                err, = self._driver.cuLaunchKernel(self._function, gx, gy, gz, bx, by, bz, 0,
+                                                   stream, self._pointers_ptr, 0)
             if err:
                 _check(self._driver, err, "cuLaunchKernel")
         elif self.kind == "core":
