@@ -6,6 +6,8 @@ as grouped send/recv on the caller's stream. Nothing here knows about
 attention: it moves bytes.
 """
 
+import time
+
 from mpi4py import MPI
 
 __all__ = ["Communicator", "as_communicator"]
@@ -25,13 +27,23 @@ class Communicator:
         backend: ``"auto"``, ``"mpi"`` or ``"nccl"`` as asked.
         mpi_comm: the mpi4py communicator messages travel on (with
             :meth:`from_mpi`, a duplicate owned by this object).
+        timeout: seconds a host exchange or :meth:`synchronize` may take
+            (``None``: no bound).
+        last_operation: what the last device exchange was, for error messages.
+
+    The NCCL id travels over MPI: the library opens no socket of its own.
     """
 
-    def __init__(self, mpi_comm, backend="auto", device=None, owned=False):
+    def __init__(self, mpi_comm, backend="auto", device=None, owned=False, timeout=None):
         if backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {_BACKENDS} (got {backend!r})")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds or None (got {timeout!r})")
         self.mpi_comm = mpi_comm
         self._owned = owned
+        self.timeout = timeout
+        self.last_operation = None
+        self._abandoned = []
         self.backend = backend
         self.rank = mpi_comm.Get_rank()
         self.world_size = mpi_comm.Get_size()
@@ -39,7 +51,7 @@ class Communicator:
         self._nccl = None
 
     @classmethod
-    def from_mpi(cls, comm=None, backend="auto", device=None):
+    def from_mpi(cls, comm=None, backend="auto", device=None, timeout=None):
         """Wrap an mpi4py communicator (``MPI.COMM_WORLD`` by default).
 
         Collective: every rank of ``comm`` must call it. The communicator is
@@ -53,6 +65,8 @@ class Communicator:
                 device call, which every rank makes together).
             device: the GPU of this rank; ``None`` picks its rank within the
                 node modulo the visible GPUs.
+            timeout: seconds that a host exchange, or :meth:`synchronize`, may
+                take before it raises instead of hanging; ``None`` waits for ever.
 
         Raises:
             RuntimeError: ``"nccl"`` without CuPy, a GPU or NCCL on some rank
@@ -63,7 +77,7 @@ class Communicator:
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"comm must be an mpi4py communicator (got {type(comm).__name__})")
-        self = cls(comm.Dup(), backend, device, owned=True)
+        self = cls(comm.Dup(), backend, device, owned=True, timeout=timeout)
         if backend == "nccl":
             self.nccl()
         return self
@@ -120,6 +134,9 @@ class Communicator:
         from cupy.cuda import nccl
 
         comm = self._nccl
+        if comm is None:
+            raise RuntimeError(f"rank {self.rank}: the NCCL communicator is not built or was aborted")
+        self.last_operation = f"the all-to-all of {chunk_bytes} bytes per peer"
         uint8 = nccl.NCCL_UINT8
         nccl.groupStart()
         try:
@@ -137,10 +154,108 @@ class Communicator:
         Args:
             send: C-contiguous NumPy array whose first axis has N chunks.
             recv: C-contiguous NumPy array of the same shape and dtype.
+
+        Raises:
+            RuntimeError: with :attr:`timeout` set, when the exchange has not
+                completed in time (a peer is missing or stuck). MPI cannot
+                cancel a collective: the communicator is unusable afterwards,
+                and the job should be aborted.
         """
         if self.backend == "nccl":
             raise RuntimeError("this communicator's backend is 'nccl': host arrays need 'mpi' or 'auto'")
-        self.mpi_comm.Alltoall([send.view("u1"), MPI.BYTE], [recv.view("u1"), MPI.BYTE])
+        # Always the nonblocking form: MPI never matches a blocking collective with a
+        # nonblocking one, so ranks with and without a timeout must issue the same call.
+        request = self.mpi_comm.Ialltoall([send.view("u1"), MPI.BYTE], [recv.view("u1"), MPI.BYTE])
+        if self.timeout is None:
+            request.Wait()
+            return
+        deadline = time.monotonic() + self.timeout
+        while not request.Test():
+            if time.monotonic() > deadline:
+                # MPI may still write into recv: the buffers must outlive the request
+                self._abandoned.append((request, send, recv))
+                raise RuntimeError(
+                    f"MPI all-to-all of {send.nbytes} bytes did not complete within "
+                    f"{self.timeout} s on rank {self.rank} (a peer rank is missing or stuck); "
+                    "the communicator is unusable: abort the job")
+            time.sleep(50e-6)
+
+    def agree(self, what, fields):
+        """Collective check that every rank holds the same ``fields``.
+
+        Args:
+            what: names the operation in the error (e.g. ``"DcpA2APlan"``).
+            fields: a dict of plain values (sizes, dtype names, flags), in
+                the order they should be compared; a value that is an
+                exception means this rank already failed its own checks.
+
+        Raises:
+            ValueError: on every rank alike, naming the first field the ranks
+                disagree on and which ranks differ from rank 0, or the first
+                rank whose own checks failed.
+        """
+        everyone = self.mpi_comm.allgather(fields)
+        for rank, theirs in enumerate(everyone):
+            for value in theirs.values():
+                if isinstance(value, Exception):
+                    if rank == self.rank:
+                        raise value
+                    raise ValueError(f"{what}: rank {rank} failed its checks: {value}")
+        for key, value in everyone[0].items():
+            values = [theirs.get(key) for theirs in everyone]
+            differ = [r for r, v in enumerate(values) if v != value]
+            if differ:
+                got = ", ".join(f"rank {r}: {values[r]!r}" for r in differ)
+                raise ValueError(f"{what}: ranks disagree on {key} (rank 0: {value!r}; {got})")
+
+    def synchronize(self, stream=None, timeout=None):
+        """Wait for the work enqueued on ``stream`` (exchanges included), with a bound.
+
+        Args:
+            stream: a CuPy stream or raw handle; ``None`` is CuPy's current stream.
+            timeout: seconds; ``None`` uses :attr:`timeout`, and without one
+                it waits as long as it takes.
+
+        Raises:
+            RuntimeError: NCCL reported an asynchronous error, or the stream
+                had not drained in time; either way the NCCL communicator is
+                aborted first, so that no rank stays blocked in it.
+        """
+        import cupy
+
+        from .kernels._arrays import stream_ptr
+
+        ptr = stream_ptr(stream)
+        event = cupy.cuda.Event(block=False, disable_timing=True)
+        event.record(cupy.cuda.ExternalStream(ptr))
+        timeout = self.timeout if timeout is None else timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not event.done:
+            self._check_nccl()
+            if deadline is not None and time.monotonic() > deadline:
+                self.abort()
+                raise RuntimeError(
+                    f"rank {self.rank}: {self.last_operation or 'the work on the stream'} did not "
+                    f"complete within {timeout} s (a peer rank is missing or stuck); "
+                    "the NCCL communicator was aborted")
+            time.sleep(20e-6)
+        self._check_nccl()
+
+    def _check_nccl(self):
+        if self._nccl is None:
+            return
+        try:
+            self._nccl.check_async_error()
+        except Exception as exc:  # cupy.cuda.nccl.NcclError
+            self.abort()
+            raise RuntimeError(f"rank {self.rank}: NCCL failed during "
+                               f"{self.last_operation or 'an exchange'}: {exc}") from exc
+
+    def abort(self):
+        """Abort the NCCL communicator (its pending operations end); it cannot be used again."""
+        if self._nccl is not None:
+            self._nccl.abort()
+            self._nccl = None
 
     def free(self):
         """Release the NCCL communicator and the MPI duplicate this object owns (collective)."""

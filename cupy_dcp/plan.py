@@ -57,15 +57,19 @@ class DcpA2APlan:
 
         self.comm = comm = as_communicator(comm)
         n = comm.world_size
-        self.dtype = dtype = as_dtype(dtype)
+        try:  # a rank whose arguments are bad makes every rank raise, not wait
+            dtype = _check_plan_args(n, max_tokens, num_heads, head_dim, dtype)
+            fields = dict(world_size=n, max_tokens=int(max_tokens), num_heads=int(num_heads),
+                          head_dim=int(head_dim), dtype=dtype.name, return_lse=bool(return_lse),
+                          is_lse_base_on_e=bool(is_lse_base_on_e), strategy="a2a",
+                          arrays="device")
+        except (ValueError, TypeError) as exc:
+            fields = dict(error=exc)
+            comm.agree("DcpA2APlan", fields)
+            raise
+        comm.agree("DcpA2APlan", fields)
+        self.dtype = dtype
         self.pack_dim = lse_pack_dim(dtype)
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1 (got {max_tokens})")
-        if head_dim < 1:
-            raise ValueError(f"head_dim must be >= 1 (got {head_dim})")
-        if num_heads % n:
-            raise ValueError(
-                f"num_heads must be divisible by world_size (got H={num_heads}, N={n})")
         self.max_tokens, self.num_heads, self.head_dim = int(max_tokens), int(num_heads), int(head_dim)
         self.local_heads = num_heads // n
         self.return_lse = bool(return_lse)
@@ -180,6 +184,20 @@ class DcpA2APlan:
         if not self.return_lse:
             return x
         return x, as_cupy(lse).astype(np.float32, copy=False)
+
+
+def _check_plan_args(world_size, max_tokens, num_heads, head_dim, dtype):
+    """Validate a plan's sizes and dtype; return the dtype as NumPy's."""
+    dtype = as_dtype(dtype)
+    lse_pack_dim(dtype)
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1 (got {max_tokens})")
+    if head_dim < 1:
+        raise ValueError(f"head_dim must be >= 1 (got {head_dim})")
+    if num_heads % world_size:
+        raise ValueError(
+            f"num_heads must be divisible by world_size (got H={num_heads}, N={world_size})")
+    return dtype
 
 
 def _as_int64(x):

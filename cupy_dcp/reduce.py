@@ -17,7 +17,7 @@ def _is_host_array(x):
 
 def dcp_a2a_lse_reduce(cp_attn_out, cp_attn_lse, comm, return_lse=False,
                        is_lse_base_on_e=True, out=None, seq_lens=None,
-                       query_start_loc=None, stream=None):
+                       query_start_loc=None, stream=None, check_consistency=False):
     """Combine the partial attention outputs of a DCP group; rank r keeps heads r*H/N ... (r+1)*H/N-1.
 
     Collective: every rank of ``comm`` calls it with the same B, H, D and dtype.
@@ -40,6 +40,11 @@ def dcp_a2a_lse_reduce(cp_attn_out, cp_attn_lse, comm, return_lse=False,
         stream: device arrays only: the stream of the whole call (pack,
             exchange, combine); ``None`` is CuPy's current stream. The call
             never synchronises the host.
+        check_consistency: first check, with one small MPI exchange, that
+            every rank called with the same B, H, D, dtype and options (and
+            passed its own checks): a mismatch raises the same ``ValueError``
+            on every rank instead of hanging or mixing data. Off by default:
+            it costs a host round trip per call.
 
     Host (NumPy) arrays are exchanged with MPI; device arrays (CuPy, Numba,
     or any array with ``__cuda_array_interface__`` or DLPack: PyTorch, JAX)
@@ -53,25 +58,41 @@ def dcp_a2a_lse_reduce(cp_attn_out, cp_attn_lse, comm, return_lse=False,
         global LSE ``[B, H/N]`` float32. A group of one returns its inputs.
 
     Raises:
-        ValueError, TypeError: bad shapes or dtypes, before anything is exchanged.
+        ValueError, TypeError: bad shapes or dtypes, before anything is exchanged
+            (with ``check_consistency``, on every rank alike).
     """
     comm = as_communicator(comm)
-    n = comm.world_size
-    B, H, D, dtype = _checks.check_inputs(cp_attn_out, cp_attn_lse, n)
-    hn = H // n
-    if out is not None:
-        _checks.check_out(out, (B, hn, D), dtype)
-    _checks.check_mask(seq_lens, query_start_loc)
-    on_host = _is_host_array(cp_attn_out), _is_host_array(cp_attn_lse)
-    if on_host[0] != on_host[1]:
-        raise TypeError("cp_attn_out and cp_attn_lse must both be host (NumPy) or both be "
-                        f"device arrays (got {type(cp_attn_out).__name__} and "
-                        f"{type(cp_attn_lse).__name__})")
-    if not on_host[0]:
+    try:
+        B, H, D, dtype, on_host = _check_call(cp_attn_out, cp_attn_lse, comm.world_size, out,
+                                              seq_lens, query_start_loc)
+    except (ValueError, TypeError) as exc:
+        if check_consistency:  # every rank raises, none is left waiting in the exchange
+            comm.agree("dcp_a2a_lse_reduce", dict(error=exc))
+        raise
+    if check_consistency:
+        comm.agree("dcp_a2a_lse_reduce", dict(
+            tokens=B, num_heads=H, head_dim=D, dtype=dtype.name, return_lse=bool(return_lse),
+            is_lse_base_on_e=bool(is_lse_base_on_e), masked=seq_lens is not None,
+            arrays="host" if on_host else "device"))
+    hn = H // comm.world_size
+    if not on_host:
         return _reduce_device(cp_attn_out, cp_attn_lse, comm, return_lse, is_lse_base_on_e,
                               out, seq_lens, query_start_loc, stream, (B, hn, D))
     return _reduce_host(cp_attn_out, cp_attn_lse, comm, return_lse, is_lse_base_on_e,
                         out, seq_lens, query_start_loc, dtype)
+
+
+def _check_call(x, lse, world_size, out, seq_lens, query_start_loc):
+    """The local checks of a call: ``(B, H, D, dtype, on_host)``."""
+    B, H, D, dtype = _checks.check_inputs(x, lse, world_size)
+    if out is not None:
+        _checks.check_out(out, (B, H // world_size, D), dtype)
+    _checks.check_mask(seq_lens, query_start_loc)
+    on_host = _is_host_array(x), _is_host_array(lse)
+    if on_host[0] != on_host[1]:
+        raise TypeError("cp_attn_out and cp_attn_lse must both be host (NumPy) or both be "
+                        f"device arrays (got {type(x).__name__} and {type(lse).__name__})")
+    return B, H, D, dtype, on_host[0]
 
 
 def _reduce_host(x, lse, comm, return_lse, base_e, out, seq_lens, query_start_loc, dtype):

@@ -1,0 +1,83 @@
+"""Divergent ranks and stuck exchanges on the host path: errors on every rank, no hang.
+
+Run: mpiexec -n 2 python tests/mpi_reliability_worker.py SCENARIO
+
+- ``diverge``: rank 1 calls with one more token; with ``check_consistency``
+  every rank raises the same ValueError naming the field and the rank.
+- ``bad_rank``: rank 1 passes an integer LSE; it raises its TypeError, every
+  other rank a ValueError naming rank 1.
+- ``timeout``: rank 1 is late by 3 s; rank 0's exchange, bounded at 1 s, raises
+  RuntimeError in time (rank 1 then joins, so the job ends cleanly).
+
+Each rank prints ``rank {r} {scenario} OK: ...``; anything else aborts the job.
+"""
+
+import sys
+import time
+import traceback
+
+import numpy as np
+from mpi4py import MPI
+
+import cupy_dcp
+
+
+def inputs(tokens, heads=4, head_dim=8):
+    rng = np.random.default_rng(MPI.COMM_WORLD.rank)
+    return (rng.standard_normal((tokens, heads, head_dim)).astype(np.float32),
+            rng.standard_normal((tokens, heads)).astype(np.float32))
+
+
+def expect_raise(kind, call):
+    try:
+        call()
+    except kind as exc:
+        return str(exc)
+    raise AssertionError(f"expected {kind.__name__}")
+
+
+def main(scenario):
+    world = MPI.COMM_WORLD
+    rank = world.rank
+    if scenario == "diverge":
+        x, lse = inputs(3 + (rank == 1))
+        msg = expect_raise(ValueError, lambda: cupy_dcp.dcp_a2a_lse_reduce(
+            x, lse, world, check_consistency=True))
+        assert "ranks disagree on tokens" in msg and "rank 1: 4" in msg, msg
+    elif scenario == "bad_rank":
+        x, lse = inputs(3)
+        if rank == 1:
+            lse = lse.astype(np.int32)
+        kind = TypeError if rank == 1 else ValueError
+        msg = expect_raise(kind, lambda: cupy_dcp.dcp_a2a_lse_reduce(
+            x, lse, world, check_consistency=True))
+        assert rank == 1 or "rank 1 failed its checks" in msg, msg
+    elif scenario == "timeout":
+        comm = cupy_dcp.Communicator.from_mpi(world, timeout=1.0)
+        x, lse = inputs(3)
+        if rank == 0:
+            t0 = time.monotonic()
+            msg = expect_raise(RuntimeError, lambda: cupy_dcp.dcp_a2a_lse_reduce(x, lse, comm))
+            waited = time.monotonic() - t0
+            assert "did not complete within 1.0 s" in msg and waited < 2.5, (msg, waited)
+        else:
+            time.sleep(3.0)
+            msg = "late by 3 s"
+        # rank 1 joins the same exchange late, so the pending collective completes
+        send = np.zeros((world.size, 3, 2, 9), np.float32)
+        if rank == 1:
+            comm.timeout = None
+            comm.alltoall_host(send, np.empty_like(send))
+    else:
+        raise ValueError(f"unknown scenario {scenario!r}")
+    world.Barrier()
+    print(f"rank {rank} {scenario} OK: {msg}", flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1])
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
