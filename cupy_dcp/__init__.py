@@ -8,14 +8,16 @@ with heads ``r*H/N ... (r+1)*H/N - 1``.
 
 from .comm import Communicator
 from .layout import lse_pack_dim
-from .plan import DcpA2APlan
-from .reduce import dcp_a2a_lse_reduce
+from .plan import DcpA2APlan, DcpAgRsPlan
+from .reduce import dcp_a2a_lse_reduce, dcp_ag_rs_lse_reduce
 from .reference import lse_weighted_combine, pack_reference, unpack_reference
 
 __all__ = [
     "Communicator",
     "DcpA2APlan",
+    "DcpAgRsPlan",
     "dcp_a2a_lse_reduce",
+    "dcp_ag_rs_lse_reduce",
     "lse_pack_dim",
     "lse_weighted_combine",
     "pack_reference",

@@ -133,9 +133,7 @@ class Communicator:
         """
         from cupy.cuda import nccl
 
-        comm = self._nccl
-        if comm is None:
-            raise RuntimeError(f"rank {self.rank}: the NCCL communicator is not built or was aborted")
+        comm = self._device_comm()
         self.last_operation = f"the all-to-all of {chunk_bytes} bytes per peer"
         uint8 = nccl.NCCL_UINT8
         nccl.groupStart()
@@ -161,11 +159,30 @@ class Communicator:
                 cancel a collective: the communicator is unusable afterwards,
                 and the job should be aborted.
         """
-        if self.backend == "nccl":
-            raise RuntimeError("this communicator's backend is 'nccl': host arrays need 'mpi' or 'auto'")
+        self._check_host()
         # Always the nonblocking form: MPI never matches a blocking collective with a
         # nonblocking one, so ranks with and without a timeout must issue the same call.
         request = self.mpi_comm.Ialltoall([send.view("u1"), MPI.BYTE], [recv.view("u1"), MPI.BYTE])
+        self._wait(request, "all-to-all", send, recv)
+
+    def allgather_host(self, send, recv):
+        """All-gather host arrays: ``recv[r]`` (first axis N) receives rank r's ``send``."""
+        self._check_host()
+        request = self.mpi_comm.Iallgather([send.view("u1"), MPI.BYTE], [recv.view("u1"), MPI.BYTE])
+        self._wait(request, "all-gather", send, recv)
+
+    def reduce_scatter_host(self, send, recv):
+        """Sum ``send`` (first axis N, float64) over the ranks; ``recv`` gets chunk ``rank``."""
+        self._check_host()
+        request = self.mpi_comm.Ireduce_scatter_block(send, recv, op=MPI.SUM)
+        self._wait(request, "reduce-scatter", send, recv)
+
+    def _check_host(self):
+        if self.backend == "nccl":
+            raise RuntimeError("this communicator's backend is 'nccl': host arrays need 'mpi' or 'auto'")
+
+    def _wait(self, request, what, send, recv):
+        """Complete a host collective, within :attr:`timeout` when one is set."""
         if self.timeout is None:
             request.Wait()
             return
@@ -175,7 +192,7 @@ class Communicator:
                 # MPI may still write into recv: the buffers must outlive the request
                 self._abandoned.append((request, send, recv))
                 raise RuntimeError(
-                    f"MPI all-to-all of {send.nbytes} bytes did not complete within "
+                    f"MPI {what} of {send.nbytes} bytes did not complete within "
                     f"{self.timeout} s on rank {self.rank} (a peer rank is missing or stuck); "
                     "the communicator is unusable: abort the job")
             time.sleep(50e-6)
@@ -256,6 +273,27 @@ class Communicator:
         if self._nccl is not None:
             self._nccl.abort()
             self._nccl = None
+
+    def allgather_device(self, send_ptr, recv_ptr, count, stream_ptr):
+        """NCCL all-gather of ``count`` float32 per rank, on ``stream_ptr``."""
+        from cupy.cuda import nccl
+
+        comm = self._device_comm()
+        self.last_operation = f"the all-gather of {count} float32 per rank"
+        comm.allGather(send_ptr, recv_ptr, count, nccl.NCCL_FLOAT32, stream_ptr)
+
+    def reduce_scatter_device(self, send_ptr, recv_ptr, count, stream_ptr):
+        """NCCL reduce-scatter (sum) of float32, ``count`` per rank, on ``stream_ptr``."""
+        from cupy.cuda import nccl
+
+        comm = self._device_comm()
+        self.last_operation = f"the reduce-scatter of {count} float32 per rank"
+        comm.reduceScatter(send_ptr, recv_ptr, count, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream_ptr)
+
+    def _device_comm(self):
+        if self._nccl is None:
+            raise RuntimeError(f"rank {self.rank}: the NCCL communicator is not built or was aborted")
+        return self._nccl
 
     def free(self):
         """Release the NCCL communicator and the MPI duplicate this object owns (collective)."""

@@ -1,11 +1,16 @@
-"""DcpA2APlan: persistent buffers and pre-bound launches for decode loops and CUDA graphs.
+"""Plans: persistent buffers and pre-bound launches for decode loops and CUDA graphs.
 
-A plan owns its send and receive buffers (sized for ``max_tokens``), its
-result buffers and its compiled kernels; a call packs, exchanges with one
-grouped NCCL send/recv and combines, all on one stream, with no host
-synchronisation, so a call can be captured in a CUDA graph and replayed.
-Buffers never move or shrink while the plan lives: a graph that captured a
-call stays valid as long as the plan (and the arrays the call read) do.
+A plan owns its exchange buffers (sized for ``max_tokens``), its result
+buffers and its compiled kernels; a call launches its kernels and NCCL
+collectives on one stream, with no host synchronisation, so a call can be
+captured in a CUDA graph and replayed. Buffers never move or shrink while the
+plan lives: a graph that captured a call stays valid as long as the plan (and
+the arrays the call read) do.
+
+- :class:`DcpA2APlan`: pack, ONE all-to-all (grouped send/recv; this rank's
+  own chunk never crosses it), exact combine.
+- :class:`DcpAgRsPlan`: all-gather of the LSEs, correction of every head by
+  this rank's exact weight (float32), reduce-scatter (sum, float32), rounding.
 """
 
 import numpy as np
@@ -16,10 +21,11 @@ from .layout import BFLOAT16, as_dtype, bits_dtype, lse_pack_dim
 from .kernels._arrays import as_cupy, dummy_index, kernel_array, stream_ptr
 from .kernels._launch import DeviceArray
 from .kernels._rows import lanes_per_row
+from .kernels.agrs import correct_kernel, correct_launch, finish_kernel, finish_launch
 from .kernels.combine import combine_kernel, combine_kind, combine_launch
 from .kernels.pack import pack_kernel, pack_launch
 
-__all__ = ["DcpA2APlan"]
+__all__ = ["DcpA2APlan", "DcpAgRsPlan"]
 
 
 def _c_strides(shape, itemsize):
@@ -30,26 +36,16 @@ def _c_strides(shape, itemsize):
     return tuple(strides)
 
 
-class DcpA2APlan:
-    """The packed all-to-all combine of one layer shape, ready to call every step.
+def _flat_view(buffer, shape, dtype):
+    """A C-contiguous :class:`DeviceArray` of ``shape`` at the start of a CuPy ``buffer``."""
+    dtype = np.dtype(dtype)
+    return DeviceArray(buffer.data.ptr, shape, _c_strides(shape, dtype.itemsize), dtype, buffer)
 
-    Collective to build: every rank of ``comm`` builds it with the same
-    arguments (it joins the NCCL communicator if that is not built yet).
 
-    Args:
-        comm: a :class:`Communicator` or an mpi4py communicator of N ranks.
-        max_tokens: the largest B a call may have.
-        num_heads: H, a multiple of N.
-        head_dim: D.
-        dtype: float16, bfloat16 (``"bfloat16"`` or ``ml_dtypes.bfloat16``) or
-            float32: the dtype of the partials and the result.
-        return_lse: calls also return the global LSE ``[B, H/N]`` float32.
-        is_lse_base_on_e: natural-log LSEs; ``False`` for base 2.
+class _Plan:
+    """What every plan shares: collective creation, result buffers, call checks."""
 
-    Calling ``plan(cp_attn_out [B, H, D], cp_attn_lse [B, H])`` returns
-    ``[B, H/N, D]`` (and the LSE): a view of the plan's result buffer, valid
-    until the next call, unless ``out=`` (and ``out_lse=``) are given.
-    """
+    strategy = None
 
     def __init__(self, comm, max_tokens, num_heads, head_dim, dtype,
                  return_lse=False, is_lse_base_on_e=True):
@@ -57,59 +53,33 @@ class DcpA2APlan:
 
         self.comm = comm = as_communicator(comm)
         n = comm.world_size
+        name = type(self).__name__
         try:  # a rank whose arguments are bad makes every rank raise, not wait
             dtype = _check_plan_args(n, max_tokens, num_heads, head_dim, dtype)
             fields = dict(world_size=n, max_tokens=int(max_tokens), num_heads=int(num_heads),
                           head_dim=int(head_dim), dtype=dtype.name, return_lse=bool(return_lse),
-                          is_lse_base_on_e=bool(is_lse_base_on_e), strategy="a2a",
+                          is_lse_base_on_e=bool(is_lse_base_on_e), strategy=self.strategy,
                           arrays="device")
         except (ValueError, TypeError) as exc:
-            fields = dict(error=exc)
-            comm.agree("DcpA2APlan", fields)
+            comm.agree(name, dict(error=exc))
             raise
-        comm.agree("DcpA2APlan", fields)
+        comm.agree(name, fields)
         self.dtype = dtype
-        self.pack_dim = lse_pack_dim(dtype)
         self.max_tokens, self.num_heads, self.head_dim = int(max_tokens), int(num_heads), int(head_dim)
         self.local_heads = num_heads // n
         self.return_lse = bool(return_lse)
         self.base_e = bool(is_lse_base_on_e)
         self.bits = bits_dtype(dtype)
         self._value = combine_kind(dtype)[1]
-        self._width = head_dim + self.pack_dim
         if n > 1:
             comm.nccl()
-        itemsize = dtype.itemsize
-        self._send = cupy.empty(n * max_tokens * self.local_heads * self._width * itemsize, cupy.uint8)
-        self._recv = cupy.empty_like(self._send)
-        self._result = cupy.empty((max_tokens, self.local_heads, head_dim), dtype=dtype)
-        self._result_lse = cupy.empty((max_tokens, self.local_heads), dtype=cupy.float32)
-        self._no_mask = dummy_index()
-        self._warm_up()
+        with cupy.cuda.Device(comm.device):
+            self._result = cupy.empty((max_tokens, self.local_heads, head_dim), dtype=dtype)
+            self._result_lse = cupy.empty((max_tokens, self.local_heads), dtype=cupy.float32)
+            self._no_mask = dummy_index()
+            self._allocate(cupy)
         self._views = {}
-
-    def _warm_up(self):
-        """Compile and load now every kernel a call may pick, never inside a capture."""
-        D = self.head_dim
-        pack_kernel(self.bits, lanes_per_row(D))
-        combine_kernel(self.dtype, False, lanes_per_row(D))
-        if self.bits.itemsize == 2 and D % 2 == 0:  # the word-wide variants
-            pack_kernel(np.dtype(np.uint32), lanes_per_row(D // 2))
-            if self.dtype == BFLOAT16:
-                combine_kernel(self.dtype, True, lanes_per_row(D // 2))
-
-    def _buffers(self, tokens):
-        """Send and receive views for ``tokens`` tokens, built once per size."""
-        views = self._views.get(tokens)
-        if views is None:
-            n = self.comm.world_size
-            shape = (n, tokens, self.local_heads, self._width)
-            strides = _c_strides(shape, self.bits.itemsize)
-            send = DeviceArray(self._send.data.ptr, shape, strides, self.bits, self._send)
-            recv = DeviceArray(self._recv.data.ptr, shape, strides, self.bits, self._recv)
-            chunk = tokens * self.local_heads * self._width * self.bits.itemsize
-            views = self._views[tokens] = (send, recv, chunk)
-        return views
+        self._warm_up()
 
     def __call__(self, cp_attn_out, cp_attn_lse, out=None, out_lse=None,
                  seq_lens=None, query_start_loc=None, stream=None):
@@ -150,40 +120,161 @@ class DcpA2APlan:
             result_lse = self._result_lse[:B] if out_lse is None else out_lse
             if out_lse is not None:
                 _checks.check_out(out_lse, (B, self.local_heads), np.dtype(np.float32))
-        if B == 0:
-            return (result, result_lse) if self.return_lse else result
-        ptr = stream_ptr(stream)
-        lse = cp_attn_lse
-        if as_dtype(lse.dtype) != np.float32:
-            import cupy
-            lse = cupy.asarray(lse).astype(cupy.float32)
-        send, recv, recv_values, chunk = self._buffers(B)
-        if seq_lens is None:
-            seq = qsl = self._no_mask
-            num_seqs = -1
-        else:
-            seq = kernel_array(_as_int64(seq_lens), np.int64, "seq_lens")
-            qsl = kernel_array(_as_int64(query_start_loc), np.int64, "query_start_loc")
-            num_seqs = int(seq_lens.shape[0])
-        kernel, grid, block, args = pack_launch(
-            kernel_array(cp_attn_out, self.bits, "cp_attn_out"),
-            kernel_array(lse, np.uint32, "cp_attn_lse"), seq, qsl, num_seqs, send, recv,
-            self.comm.rank)
-        kernel(grid, block, ptr, args)
-        self.comm.alltoall_device(send.ptr, recv.ptr, chunk, ptr)
-        lse_arr = None if result_lse is None else kernel_array(result_lse, np.float32, "out_lse")
-        kernel, grid, block, args = combine_launch(
-            self.dtype, recv, kernel_array(result, self._value, "out"), lse_arr, self.base_e)
-        kernel(grid, block, ptr, args)
+        if B > 0:
+            lse = cp_attn_lse
+            if as_dtype(lse.dtype) != np.float32:
+                lse = as_cupy(lse).astype(np.float32)
+            lse_arr = None if result_lse is None else kernel_array(result_lse, np.float32, "out_lse")
+            self._run(B, cp_attn_out, lse, seq_lens, query_start_loc,
+                      kernel_array(result, self._value, "out"), lse_arr, stream_ptr(stream))
         return (result, result_lse) if self.return_lse else result
+
+    def synchronize(self, stream=None, timeout=None):
+        """Wait for this plan's work on ``stream``, within ``timeout`` seconds (see
+        :meth:`Communicator.synchronize`): a stuck peer becomes a ``RuntimeError``."""
+        self.comm.synchronize(stream, timeout)
 
     def _identity(self, x, lse, out):
         if out is not None:
-            out[...] = x
+            out[...] = as_cupy(x)
             x = out
         if not self.return_lse:
             return x
         return x, as_cupy(lse).astype(np.float32, copy=False)
+
+
+class DcpA2APlan(_Plan):
+    """The packed all-to-all combine of one layer shape, ready to call every step.
+
+    Collective to build: every rank of ``comm`` builds it with the same
+    arguments (checked: a mismatch raises the same ``ValueError`` on every
+    rank); it joins the NCCL communicator if that is not built yet.
+
+    Args:
+        comm: a :class:`Communicator` or an mpi4py communicator of N ranks.
+        max_tokens: the largest B a call may have.
+        num_heads: H, a multiple of N.
+        head_dim: D.
+        dtype: float16, bfloat16 (``"bfloat16"`` or ``ml_dtypes.bfloat16``) or
+            float32: the dtype of the partials and the result.
+        return_lse: calls also return the global LSE ``[B, H/N]`` float32.
+        is_lse_base_on_e: natural-log LSEs; ``False`` for base 2.
+
+    Calling ``plan(cp_attn_out [B, H, D], cp_attn_lse [B, H])`` returns
+    ``[B, H/N, D]`` (and the LSE): a view of the plan's result buffer, valid
+    until the next call, unless ``out=`` (and ``out_lse=``) are given.
+    """
+
+    strategy = "a2a"
+
+    def _allocate(self, cupy):
+        n = self.comm.world_size
+        self._width = self.head_dim + lse_pack_dim(self.dtype)
+        nbytes = n * self.max_tokens * self.local_heads * self._width * self.bits.itemsize
+        self._send = cupy.empty(nbytes, cupy.uint8)
+        self._recv = cupy.empty_like(self._send)
+
+    def _warm_up(self):
+        """Compile and load now every kernel a call may pick, never inside a capture."""
+        D = self.head_dim
+        pack_kernel(self.bits, lanes_per_row(D))
+        combine_kernel(self.dtype, False, lanes_per_row(D))
+        if self.bits.itemsize == 2 and D % 2 == 0:  # the word-wide variants
+            pack_kernel(np.dtype(np.uint32), lanes_per_row(D // 2))
+            if self.dtype == BFLOAT16:
+                combine_kernel(self.dtype, True, lanes_per_row(D // 2))
+
+    def _buffers(self, tokens):
+        """Send and receive views for ``tokens`` tokens, built once per size."""
+        views = self._views.get(tokens)
+        if views is None:
+            shape = (self.comm.world_size, tokens, self.local_heads, self._width)
+            chunk = tokens * self.local_heads * self._width * self.bits.itemsize
+            views = self._views[tokens] = (_flat_view(self._send, shape, self.bits),
+                                           _flat_view(self._recv, shape, self.bits), chunk)
+        return views
+
+    def _run(self, tokens, x, lse, seq_lens, query_start_loc, result, result_lse, ptr):
+        send, recv, chunk = self._buffers(tokens)
+        if seq_lens is None:
+            mask = (self._no_mask, self._no_mask, -1)
+        else:
+            mask = (kernel_array(_as_int64(seq_lens), np.int64, "seq_lens"),
+                    kernel_array(_as_int64(query_start_loc), np.int64, "query_start_loc"),
+                    int(seq_lens.shape[0]))
+        kernel, grid, block, args = pack_launch(
+            kernel_array(x, self.bits, "cp_attn_out"), kernel_array(lse, np.uint32, "cp_attn_lse"),
+            *mask, send, recv, self.comm.rank)
+        kernel(grid, block, ptr, args)
+        self.comm.alltoall_device(send.ptr, recv.ptr, chunk, ptr)
+        kernel, grid, block, args = combine_launch(self.dtype, recv, result, result_lse, self.base_e)
+        kernel(grid, block, ptr, args)
+
+
+class DcpAgRsPlan(_Plan):
+    """The AG+RS combine of one layer shape: the same contract as :class:`DcpA2APlan`.
+
+    All-gather of the float32 LSEs ``[N, B, H]``; every rank scales each of
+    its heads by its exact weight into a float32 buffer laid out by
+    destination rank; a float32 reduce-scatter sums the ranks' terms; the sum
+    is rounded once to the output dtype. It moves about twice the bytes of
+    the packed all-to-all (float32 terms for all H heads), so it is the
+    baseline the all-to-all is measured against.
+    """
+
+    strategy = "ag_rs"
+
+    def _allocate(self, cupy):
+        n, T = self.comm.world_size, self.max_tokens
+        self._lse_in = cupy.empty(T * self.num_heads, cupy.float32)
+        self._lses = cupy.empty(n * T * self.num_heads, cupy.float32)
+        self._corrected = cupy.empty(n * T * self.local_heads * self.head_dim, cupy.float32)
+        self._summed = cupy.empty(T * self.local_heads * self.head_dim, cupy.float32)
+
+    def _warm_up(self):
+        group = lanes_per_row(self.head_dim)
+        correct_kernel(self.dtype, group)
+        finish_kernel(self.dtype, group)
+
+    def _buffers(self, tokens):
+        views = self._views.get(tokens)
+        if views is None:
+            n, H, hn, D = self.comm.world_size, self.num_heads, self.local_heads, self.head_dim
+            views = self._views[tokens] = (
+                _flat_view(self._lses, (n, tokens, H), np.float32),
+                _flat_view(self._corrected, (n, tokens, hn, D), np.float32),
+                _flat_view(self._summed, (tokens, hn, D), np.float32))
+        return views
+
+    def _run(self, tokens, x, lse, seq_lens, query_start_loc, result, result_lse, ptr):
+        import cupy
+
+        lses, corrected, summed = self._buffers(tokens)
+        count = tokens * self.num_heads
+        lse_in = self._lse_in[:count].reshape(tokens, self.num_heads)
+        with cupy.cuda.ExternalStream(ptr):
+            lse_in[...] = as_cupy(lse)  # contiguous, and a private copy to mask
+            if seq_lens is not None:
+                _mask_lse(cupy, lse_in, as_cupy(seq_lens), as_cupy(query_start_loc))
+        self.comm.allgather_device(lse_in.data.ptr, lses.ptr, count, ptr)
+        kernel, grid, block, args = correct_launch(
+            self.dtype, kernel_array(x, self._value, "cp_attn_out"), lses, self.comm.rank,
+            self.base_e, corrected)
+        kernel(grid, block, ptr, args)
+        self.comm.reduce_scatter_device(corrected.ptr, summed.ptr, summed.size, ptr)
+        kernel, grid, block, args = finish_launch(self.dtype, summed, lses, self.comm.rank,
+                                                  self.base_e, result, result_lse)
+        kernel(grid, block, ptr, args)
+
+
+def _mask_lse(cupy, lse, seq_lens, query_start_loc):
+    """Set the LSE ``[B, H]`` of empty and padding tokens to -inf (CuPy, on the current stream)."""
+    tokens = cupy.arange(lse.shape[0])
+    seq = cupy.clip(cupy.searchsorted(query_start_loc, tokens, side="right") - 1, 0,
+                    seq_lens.shape[0] - 1)
+    empty = ((tokens < query_start_loc[0]) | (tokens >= query_start_loc[-1])
+             | (seq_lens[seq] <= 0))
+    lse[empty] = -np.inf
 
 
 def _check_plan_args(world_size, max_tokens, num_heads, head_dim, dtype):

@@ -5,10 +5,11 @@ import numpy as np
 from . import _checks
 from .comm import as_communicator
 from .layout import as_dtype, bits_dtype, send_buffer_shape
-from .kernels import combine_host, pack_host
+from .kernels import (agrs_correct_host, agrs_lse_host, combine_host, mask_lse_host,
+                      pack_host)
 from .reference import unpack_reference
 
-__all__ = ["dcp_a2a_lse_reduce"]
+__all__ = ["dcp_a2a_lse_reduce", "dcp_ag_rs_lse_reduce"]
 
 
 def _is_host_array(x):
@@ -61,25 +62,69 @@ def dcp_a2a_lse_reduce(cp_attn_out, cp_attn_lse, comm, return_lse=False,
         ValueError, TypeError: bad shapes or dtypes, before anything is exchanged
             (with ``check_consistency``, on every rank alike).
     """
+    return _reduce("a2a", cp_attn_out, cp_attn_lse, comm, return_lse, is_lse_base_on_e, out,
+                   seq_lens, query_start_loc, stream, check_consistency)
+
+
+def dcp_ag_rs_lse_reduce(cp_attn_out, cp_attn_lse, comm, return_lse=False,
+                         is_lse_base_on_e=True, out=None, seq_lens=None,
+                         query_start_loc=None, stream=None, check_consistency=False):
+    """The same combine as :func:`dcp_a2a_lse_reduce`, by all-gather + reduce-scatter.
+
+    Every rank all-gathers the LSEs ``[N, B, H]``, scales each of its heads
+    by its exact weight, and a reduce-scatter sums the ranks' terms (float64
+    on the host, float32 on the GPU), rounded once to the output dtype. Same
+    arguments, results and errors as :func:`dcp_a2a_lse_reduce`; it moves
+    about twice the bytes, and is the baseline the all-to-all is measured
+    against (``python -m cupy_dcp.bench``).
+    """
+    return _reduce("ag_rs", cp_attn_out, cp_attn_lse, comm, return_lse, is_lse_base_on_e, out,
+                   seq_lens, query_start_loc, stream, check_consistency)
+
+
+def _reduce(strategy, x, lse, comm, return_lse, base_e, out, seq_lens, query_start_loc,
+            stream, check_consistency):
     comm = as_communicator(comm)
+    name = f"dcp_{strategy}_lse_reduce"
     try:
-        B, H, D, dtype, on_host = _check_call(cp_attn_out, cp_attn_lse, comm.world_size, out,
-                                              seq_lens, query_start_loc)
+        B, H, D, dtype, on_host = _check_call(x, lse, comm.world_size, out, seq_lens,
+                                              query_start_loc)
     except (ValueError, TypeError) as exc:
         if check_consistency:  # every rank raises, none is left waiting in the exchange
-            comm.agree("dcp_a2a_lse_reduce", dict(error=exc))
+            comm.agree(name, dict(error=exc))
         raise
     if check_consistency:
-        comm.agree("dcp_a2a_lse_reduce", dict(
+        comm.agree(name, dict(
             tokens=B, num_heads=H, head_dim=D, dtype=dtype.name, return_lse=bool(return_lse),
-            is_lse_base_on_e=bool(is_lse_base_on_e), masked=seq_lens is not None,
-            arrays="host" if on_host else "device"))
-    hn = H // comm.world_size
-    if not on_host:
-        return _reduce_device(cp_attn_out, cp_attn_lse, comm, return_lse, is_lse_base_on_e,
-                              out, seq_lens, query_start_loc, stream, (B, hn, D))
-    return _reduce_host(cp_attn_out, cp_attn_lse, comm, return_lse, is_lse_base_on_e,
-                        out, seq_lens, query_start_loc, dtype)
+            is_lse_base_on_e=bool(base_e),
+            masked=seq_lens is not None, arrays="host" if on_host else "device"))
+    if comm.world_size == 1:  # a group of one returns its inputs
+        return _identity(x, lse, out, return_lse, on_host)
+    if on_host:
+        if seq_lens is not None:
+            seq_lens, query_start_loc = np.asarray(seq_lens), np.asarray(query_start_loc)
+        run = _a2a_host if strategy == "a2a" else _ag_rs_host
+        result, result_lse = run(x, np.asarray(lse, dtype=np.float32), comm, base_e, seq_lens,
+                                 query_start_loc, dtype)
+        if out is not None:
+            out[...] = result
+            result = out
+        return (result, result_lse) if return_lse else result
+    return _reduce_device(strategy, x, lse, comm, return_lse, base_e, out, seq_lens,
+                          query_start_loc, stream, (B, H // comm.world_size, D), dtype)
+
+
+def _identity(x, lse, out, return_lse, on_host):
+    """A group of one: the inputs themselves (copied into ``out`` when given)."""
+    if on_host:
+        lse = np.asarray(lse, dtype=np.float32)
+    else:
+        from .kernels._arrays import as_cupy
+        x, lse = as_cupy(x), as_cupy(lse).astype(np.float32, copy=False)
+    if out is not None:
+        out[...] = x
+        x = out
+    return (x, lse) if return_lse else x
 
 
 def _check_call(x, lse, world_size, out, seq_lens, query_start_loc):
@@ -95,59 +140,59 @@ def _check_call(x, lse, world_size, out, seq_lens, query_start_loc):
     return B, H, D, dtype, on_host[0]
 
 
-def _reduce_host(x, lse, comm, return_lse, base_e, out, seq_lens, query_start_loc, dtype):
+def _a2a_host(x, lse32, comm, base_e, seq_lens, query_start_loc, dtype):
+    """Pack, ``MPI.Alltoall``, combine; ``(result [B, H/N, D], lse [B, H/N] float32)``."""
     B, H, D = x.shape
     n = comm.world_size
-    lse32 = np.asarray(lse, dtype=np.float32)
-    if n == 1:
-        if out is not None:
-            out[...] = x
-            x = out
-        return (x, lse32) if return_lse else x
     ubits = bits_dtype(dtype)
     send = np.empty(send_buffer_shape(n, B, H, D, dtype), dtype=ubits)
     recv = np.empty_like(send)
-    if seq_lens is not None:
-        seq_lens = np.asarray(seq_lens)
-        query_start_loc = np.asarray(query_start_loc)
     pack_host(x.view(ubits), lse32.view(np.uint32), send, seq_lens, query_start_loc)
     comm.alltoall_host(send, recv)
     parts, lses = unpack_reference(recv.view(dtype), D)
     acc = np.empty((B, H // n, D), dtype=np.float64)
     global_lse = np.empty((B, H // n), dtype=np.float64)
     combine_host(parts.astype(np.float32), lses, acc, global_lse, base_e)
-    result = acc.astype(np.float32).astype(dtype)
-    if out is not None:
-        out[...] = result
-        result = out
-    return (result, global_lse.astype(np.float32)) if return_lse else result
+    return acc.astype(np.float32).astype(dtype), global_lse.astype(np.float32)
+
+
+def _ag_rs_host(x, lse32, comm, base_e, seq_lens, query_start_loc, dtype):
+    """All-gather the LSEs, correct, reduce-scatter (float64); same results as ``_a2a_host``."""
+    B, H, D = x.shape
+    n = comm.world_size
+    lse32 = np.array(lse32, dtype=np.float32)  # a private copy: masking writes it
+    mask_lse_host(lse32, seq_lens, query_start_loc)
+    lses = np.empty((n, B, H), dtype=np.float32)
+    comm.allgather_host(lse32, lses)
+    corrected = np.empty((n, B, H // n, D), dtype=np.float64)
+    agrs_correct_host(x.astype(np.float32), lses, comm.rank, corrected, base_e)
+    summed = np.empty((B, H // n, D), dtype=np.float64)
+    comm.reduce_scatter_host(corrected, summed)
+    global_lse = np.empty((B, H // n), dtype=np.float64)
+    agrs_lse_host(lses, comm.rank, H // n, global_lse, base_e)
+    return summed.astype(np.float32).astype(dtype), global_lse.astype(np.float32)
 
 
 _PLANS = {}
 _RETIRED = []  # outgrown plans: a CUDA graph may still replay on their buffers
 
 
-def _reduce_device(x, lse, comm, return_lse, base_e, out, seq_lens, query_start_loc,
-                   stream, result_shape):
+def _reduce_device(strategy, x, lse, comm, return_lse, base_e, out, seq_lens, query_start_loc,
+                   stream, result_shape, dtype):
     import cupy
 
-    from .plan import DcpA2APlan
+    from .plan import DcpA2APlan, DcpAgRsPlan
 
     B, hn, D = result_shape
     H = hn * comm.world_size
-    dtype = as_dtype(x.dtype)
-    if comm.world_size == 1:
-        if out is not None:
-            out[...] = cupy.asarray(x)
-            x = out
-        return (x, cupy.asarray(lse).astype(cupy.float32, copy=False)) if return_lse else x
-    key = (id(comm), H, D, dtype, bool(return_lse), bool(base_e))
+    key = (id(comm), strategy, H, D, dtype, bool(return_lse), bool(base_e))
     plan = _PLANS.get(key)
     if plan is None or plan.max_tokens < B:
         if plan is not None:
             _RETIRED.append(plan)
         size = 1 << max(B - 1, 0).bit_length()  # grow in powers of two
-        plan = _PLANS[key] = DcpA2APlan(comm, max(size, 1), H, D, dtype, return_lse, base_e)
+        kind = DcpA2APlan if strategy == "a2a" else DcpAgRsPlan
+        plan = _PLANS[key] = kind(comm, max(size, 1), H, D, dtype, return_lse, base_e)
     with cupy.cuda.Device(comm.device):
         result = cupy.empty(result_shape, dtype=dtype) if out is None else out
         result_lse = cupy.empty((B, hn), dtype=cupy.float32) if return_lse else None

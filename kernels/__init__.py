@@ -7,8 +7,10 @@ communicators. Every kernel is compiled lazily, on first use, so importing
 needs no GPU.
 """
 
+from .agrs import agrs_correct, agrs_finish
 from .combine import unpack_combine
-from .host import combine_host, pack_host
+from .host import agrs_correct_host, agrs_lse_host, combine_host, mask_lse_host, pack_host
 from .pack import pack_send
 
-__all__ = ["combine_host", "pack_host", "pack_send", "unpack_combine"]
+__all__ = ["agrs_correct", "agrs_correct_host", "agrs_finish", "agrs_lse_host", "combine_host", "mask_lse_host", "pack_host",
+           "pack_send", "unpack_combine"]

@@ -106,3 +106,71 @@ def combine_host(parts, lses, out, out_lse, is_lse_base_on_e=True):
     """
     _, combine = _compiled(parts.size >= PARALLEL_MIN_ELEMENTS)
     combine(parts, lses, out, out_lse, bool(is_lse_base_on_e))
+
+
+@functools.cache
+def _compiled_agrs():
+    jit = njit(cache=False, error_model="numpy")
+    m = build_math(np.float64, jit)
+    row_is_empty = build_mask(jit)
+    clean_lse, finish_max, lse_exp = m.clean_lse, m.finish_max, m.lse_exp
+    inverse_total, global_lse, shard_weight = m.inverse_total, m.global_lse, m.shard_weight
+    zero, neg_inf = m.zero, m.neg_inf
+
+    @jit
+    def row_stats(lses, b, head, base_e):
+        n = lses.shape[0]
+        top = neg_inf
+        for r in range(n):
+            top = max(top, clean_lse(np.float64(lses[r, b, head])))
+        top = finish_max(top)
+        total = zero
+        for r in range(n):
+            total += lse_exp(clean_lse(np.float64(lses[r, b, head])) - top, base_e)
+        return top, total
+
+    @njit(error_model="numpy")
+    def mask(lse, seq_lens, query_start_loc, num_seqs):
+        for b in range(lse.shape[0]):
+            if row_is_empty(b, seq_lens, query_start_loc, num_seqs):
+                lse[b, :] = -np.inf
+
+    @njit(error_model="numpy")
+    def correct(data, lses, self_rank, base_e, corrected):
+        n, b_count, hn, d_count = corrected.shape
+        for b in range(b_count):
+            for head in range(n * hn):
+                top, total = row_stats(lses, b, head, base_e)
+                w = shard_weight(np.float64(lses[self_rank, b, head]), top,
+                                 inverse_total(total), base_e)
+                for d in range(d_count):
+                    corrected[head // hn, b, head % hn, d] = w * data[b, head, d] if w != zero else zero
+
+    @njit(error_model="numpy")
+    def local_lse(lses, self_rank, hn, base_e, out_lse):
+        for b in range(out_lse.shape[0]):
+            for h in range(hn):
+                top, total = row_stats(lses, b, self_rank * hn + h, base_e)
+                out_lse[b, h] = global_lse(total, top, base_e)
+
+    return mask, correct, local_lse
+
+
+def mask_lse_host(lse, seq_lens, query_start_loc):
+    """Set, in place, the LSE ``[B, H]`` of empty and padding tokens to -inf."""
+    if seq_lens is not None:
+        _compiled_agrs()[0](lse, *_mask_args(seq_lens, query_start_loc))
+
+
+def agrs_correct_host(data, lses, self_rank, corrected, is_lse_base_on_e=True):
+    """AG+RS correction: ``corrected[r, b, h] = w_self * data[b, r*H/N + h]`` (float64).
+
+    ``data [B, H, D]`` float32, ``lses [N, B, H]`` float32 (every rank's), and
+    ``w_self`` this rank's exact weight (0 for an empty shard: its term is 0).
+    """
+    _compiled_agrs()[1](data, lses, int(self_rank), bool(is_lse_base_on_e), corrected)
+
+
+def agrs_lse_host(lses, self_rank, local_heads, out_lse, is_lse_base_on_e=True):
+    """The global LSE ``out_lse [B, H/N]`` (float64) of this rank's heads from ``lses [N, B, H]``."""
+    _compiled_agrs()[2](lses, int(self_rank), int(local_heads), bool(is_lse_base_on_e), out_lse)

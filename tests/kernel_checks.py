@@ -82,3 +82,38 @@ def check_combine(to_device, to_host, dtype, n, b, h, d, rng, base_e=True, head_
         finite = np.isfinite(expect_lse)
         np.testing.assert_array_equal(g[~finite], expect_lse[~finite])
         np.testing.assert_allclose(g[finite], expect_lse[finite], rtol=1e-6, atol=1e-5)
+
+
+def check_agrs(to_device, to_host, dtype, n, b, hn, d, rng, base_e=True, head_major=False):
+    """The AG+RS kernels, N ranks simulated: correct on every rank, sum the terms
+    (what the reduce-scatter does), finish on rank 1; against the oracle."""
+    from cupy_dcp.kernels import agrs_correct, agrs_finish
+
+    h = n * hn
+    xs, ls = make_inputs(rng, n, b, h, d, dtype)
+    lses = to_device(np.ascontiguousarray(ls))
+    terms = []
+    for k in range(n):
+        corrected = to_device(np.zeros((n, b, hn, d), dtype=np.float32))
+        agrs_correct(to_device(xs[k]), lses, k, corrected, is_lse_base_on_e=base_e)
+        terms.append(to_host(corrected).astype(np.float32))
+    rank = min(1, n - 1)
+    summed = np.zeros((b, hn, d), dtype=np.float32)
+    for term in terms:  # float32 sums, as the float32 reduce-scatter makes them
+        summed += term[rank]
+    if head_major:
+        out = to_device(np.zeros((hn, b, d), dtype=dtype)).transpose(1, 0, 2)
+    else:
+        out = to_device(np.zeros((b, hn, d), dtype=dtype))
+    out_lse = to_device(np.zeros((b, hn), dtype=np.float32))
+    agrs_finish(to_device(summed), lses, rank, out, out_lse, is_lse_base_on_e=base_e)
+    expect, expect_lse = lse_weighted_combine(xs, ls, return_lse=True, is_lse_base_on_e=base_e)
+    heads = slice(rank * hn, (rank + 1) * hn)
+    got = to_host(out).astype(np.float64)
+    assert not np.isnan(got).any(), "NaN leaked into the output"
+    assert_combine_close(got, expect[:, heads], xs[:, :, heads], ls[:, :, heads], dtype, base_e)
+    g = to_host(out_lse).astype(np.float64)
+    ref = expect_lse[:, heads]
+    np.testing.assert_array_equal(np.isneginf(g), np.isneginf(ref))
+    finite = np.isfinite(ref)
+    np.testing.assert_allclose(g[finite], ref[finite], rtol=1e-6, atol=1e-5)

@@ -1,6 +1,9 @@
 """Multi-rank check of dcp_a2a_lse_reduce against an all-gather of every rank's inputs.
 
-Run: mpiexec -n 4 python tests/mpi_reduce_worker.py
+Run: mpiexec -n 4 python tests/mpi_reduce_worker.py [a2a|ag_rs]
+
+The optional argument picks the strategy: ``dcp_a2a_lse_reduce`` (default) or
+``dcp_ag_rs_lse_reduce``.
 
 Each rank draws its own inputs (seeded by rank), reduces them, gathers ALL
 ranks' inputs with ``allgather`` and checks its head slice against
@@ -23,6 +26,8 @@ from cupy_dcp.layout import BFLOAT16, bits_dtype
 
 DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
 B, HN = 9, 3
+STRATEGY = sys.argv[1] if len(sys.argv) > 1 and __name__ == "__main__" else "a2a"
+REDUCE = {"a2a": cupy_dcp.dcp_a2a_lse_reduce, "ag_rs": cupy_dcp.dcp_ag_rs_lse_reduce}[STRATEGY]
 # Tokens 0-1, 2, 3-5, 6 are four sequences; 7-8 are padding. Sequence 1 is
 # empty on every rank, sequence 2 on the odd ranks only.
 QUERY_START_LOC = np.array([0, 2, 3, 6, 7], dtype=np.int32)
@@ -59,7 +64,7 @@ def check_case(world, comm, case, dtype, base_e, return_lse, masked, strided_out
         out = np.full((HN, B, D), np.nan, dtype=dtype).transpose(1, 0, 2)
     x_before, lse_before = x.copy(), lse_arg.copy()
 
-    result = cupy_dcp.dcp_a2a_lse_reduce(x, lse_arg, comm, return_lse=return_lse,
+    result = REDUCE(x, lse_arg, comm, return_lse=return_lse,
                                          is_lse_base_on_e=base_e, out=out, **mask_args)
 
     got, got_lse = result if return_lse else (result, None)

@@ -163,3 +163,13 @@ def test_pack_and_combine_capture_in_a_cuda_graph(dtype):
             g = cupy.asnumpy(out_lse)
             ref_g = expect_lse[:, hn:2 * hn]
             np.testing.assert_array_equal(np.isneginf(g), np.isneginf(ref_g))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("d", [1, 128, 576])
+@pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
+def test_agrs_kernels_match_reference(dtype, d, base_e):
+    from kernel_checks import check_agrs
+    to_device, to_host = cupy_io()
+    check_agrs(to_device, to_host, dtype, 2, 40, 8, d, np.random.default_rng(d), base_e=base_e)
+    check_agrs(to_device, to_host, dtype, 3, 5, 2, d, np.random.default_rng(d + 1), head_major=True)

@@ -12,8 +12,8 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_reduce_wo
 TIMEOUT_S = 240
 
 
-def _run(mpiexec, nprocs, **env):
-    return subprocess.run(mpiexec(nprocs, sys.executable, WORKER), capture_output=True,
+def _run(mpiexec, nprocs, *argv, **env):
+    return subprocess.run(mpiexec(nprocs, sys.executable, WORKER, *argv), capture_output=True,
                           text=True, timeout=TIMEOUT_S, env=mpiexec_env(**env))
 
 
@@ -25,6 +25,15 @@ def test_every_rank_matches_the_gathered_oracle(mpiexec, nprocs):
     lines = proc.stdout.splitlines()
     for rank in range(nprocs):
         assert f"rank {rank}/{nprocs} OK" in lines, report
+
+
+@pytest.mark.parametrize("nprocs", [1, 3])
+def test_ag_rs_matches_the_gathered_oracle(mpiexec, nprocs):
+    proc = _run(mpiexec, nprocs, "ag_rs")
+    report = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == 0, report
+    for rank in range(nprocs):
+        assert f"rank {rank}/{nprocs} OK" in proc.stdout.splitlines(), report
 
 
 def test_one_failing_rank_aborts_the_job(mpiexec):

@@ -58,3 +58,13 @@ def test_zero_tokens_is_a_no_op():
     out = np.zeros((0, 2, 5), np.float32)
     unpack_combine(send, out)
     assert send.shape == (2, 0, 2, 6) and out.shape == (0, 2, 5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 2, 2, 1), (2, 2, 2, 8), (3, 2, 1, 33)],
+                         ids=lambda s: "N%dB%dHn%dD%d" % s)
+@pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
+def test_agrs_kernels_match_reference(dtype, shape, base_e):
+    from kernel_checks import check_agrs
+    check_agrs(ident, host, dtype, *shape, np.random.default_rng(sum(shape)), base_e=base_e,
+               head_major=shape[3] == 8)

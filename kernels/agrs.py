@@ -1,0 +1,197 @@
+"""Kernels of the AG+RS strategy: all-gather the LSEs, correct, reduce-scatter.
+
+Every rank scales its own partial of every head by its exact weight
+``w_self = exp(l_self - m) / s`` (``_math``: the same weights as the combine;
+0 for an empty shard, whose NaN partial then adds exactly 0), writes it in
+float32 laid out by destination rank ``[N, B, H/N, D]``, and a float32
+reduce-scatter sums the N ranks' terms. ``finish`` rounds the sum once to the
+output dtype and computes the global LSE of the local heads.
+"""
+
+import functools
+
+import numpy as np
+from numba import cuda, float32
+from numba.core import types
+
+from ..layout import as_dtype
+from ._arrays import kernel_array, stream_ptr
+from ._device import device_functions
+from ._launch import DeviceArray, SpecializedKernel, array_type
+from ._rows import UNROLL, WARP, lanes_per_row, row_grid
+from .combine import _codecs, combine_kind
+
+__all__ = ["agrs_correct", "agrs_finish", "correct_launch", "finish_launch"]
+
+
+def _row_weights(f):
+    """Device function: ``(m, inv_total, total)`` of a row from its N gathered LSEs."""
+    clean_lse, finish_max, lse_exp = f["clean_lse"], f["finish_max"], f["lse_exp"]
+    inverse_total, zero, neg_inf = f["inverse_total"], f["zero"], f["neg_inf"]
+
+    @cuda.jit(device=True)
+    def row_weights(lses, base_e):
+        m = neg_inf
+        for r in range(lses.shape[0]):
+            m = max(m, clean_lse(lses[r]))
+        m = finish_max(m)
+        total = zero
+        for r in range(lses.shape[0]):
+            total += lse_exp(clean_lse(lses[r]) - m, base_e)
+        return m, inverse_total(total), total
+
+    return row_weights
+
+
+@functools.cache
+def _correct_kernel(kind, group):
+    f = device_functions()
+    _, _, decode, _, _ = _codecs(kind, f)
+    row_weights, shard_weight, zero = _row_weights(f), f["shard_weight"], f["zero"]
+    u64 = np.uint64
+    u_group, u_step, u_per_warp = u64(group), u64(group * UNROLL), u64(WARP // group)
+
+    @cuda.jit
+    def correct(data, lses, self_rank, base_e, corrected):
+        # data [B, H, D] (values), lses [N, B, H] f32, corrected [N, B, H/N, D] f32
+        b_count = u64(data.shape[0])
+        heads = u64(data.shape[1])
+        d_count = u64(data.shape[2])
+        hn = u64(corrected.shape[2])
+        lane = u64(cuda.threadIdx.x) % u_group
+        warp = u64(cuda.blockIdx.x) * u64(cuda.blockDim.y) + u64(cuda.threadIdx.y)
+        row = warp * u_per_warp + u64(cuda.threadIdx.x) // u_group
+        buf = cuda.local.array(UNROLL, float32)
+        while row < b_count * heads:
+            b = row // heads
+            head = row % heads
+            column = lses[:, b, head]
+            m, inv_total, _ = row_weights(column, base_e)
+            w = shard_weight(column[self_rank], m, inv_total, base_e)
+            src = data[b, head]
+            dst = corrected[head // hn, b, head % hn]
+            base = lane
+            while base < d_count:
+                for k in range(UNROLL):
+                    d = base + u64(k) * u_group
+                    if d < d_count:
+                        buf[k] = zero
+                        if w != zero:  # an empty shard adds exactly 0, even NaN
+                            buf[k] = w * decode(src[d])
+                for k in range(UNROLL):
+                    d = base + u64(k) * u_group
+                    if d < d_count:
+                        dst[d] = buf[k]
+                base += u_step
+            row += u64(cuda.gridDim.x) * u64(cuda.blockDim.y) * u_per_warp
+
+    return correct
+
+
+@functools.cache
+def _finish_kernel(kind, group):
+    f = device_functions()
+    _, _, _, _, encode = _codecs(kind, f)
+    row_weights, global_lse = _row_weights(f), f["global_lse"]
+    u64 = np.uint64
+    u_group, u_step, u_per_warp = u64(group), u64(group * UNROLL), u64(WARP // group)
+
+    @cuda.jit
+    def finish(summed, lses, self_rank, base_e, write_lse, out, out_lse):
+        # summed [B, H/N, D] f32, lses [N, B, H] f32 -> out [B, H/N, D], out_lse [B, H/N]
+        b_count = u64(summed.shape[0])
+        hn = u64(summed.shape[1])
+        d_count = u64(summed.shape[2])
+        lane = u64(cuda.threadIdx.x) % u_group
+        warp = u64(cuda.blockIdx.x) * u64(cuda.blockDim.y) + u64(cuda.threadIdx.y)
+        row = warp * u_per_warp + u64(cuda.threadIdx.x) // u_group
+        while row < b_count * hn:
+            b = row // hn
+            h = row % hn
+            if write_lse and lane == 0:
+                m, _, total = row_weights(lses[:, b, u64(self_rank) * hn + h], base_e)
+                out_lse[b, h] = global_lse(total, m, base_e)
+            src = summed[b, h]
+            dst = out[b, h]
+            base = lane
+            while base < d_count:
+                for k in range(UNROLL):
+                    d = base + u64(k) * u_group
+                    if d < d_count:
+                        dst[d] = encode(src[d], src[d])
+                base += u_step
+            row += u64(cuda.gridDim.x) * u64(cuda.blockDim.y) * u_per_warp
+
+    return finish
+
+
+@functools.cache
+def correct_kernel(dtype, group):
+    kind, value = combine_kind(dtype)
+    i64 = types.int64
+    return SpecializedKernel(_correct_kernel(kind, group), (
+        array_type(value, 3, False), array_type(np.float32, 3, True), i64, i64,
+        array_type(np.float32, 4, True)))
+
+
+@functools.cache
+def finish_kernel(dtype, group):
+    kind, value = combine_kind(dtype)
+    i64 = types.int64
+    return SpecializedKernel(_finish_kernel(kind, group), (
+        array_type(np.float32, 3, True), array_type(np.float32, 3, True), i64, i64, i64,
+        array_type(value, 3, False), array_type(np.float32, 2, False)))
+
+
+def correct_launch(dtype, data, lses, self_rank, is_lse_base_on_e, corrected):
+    """``(kernel, grid, block, args)``: ``data [B, H, D]`` (seen as the kind's values),
+    gathered ``lses [N, B, H]`` float32 -> ``corrected [N, B, H/N, D]`` float32."""
+    group = lanes_per_row(data.shape[2])
+    grid, block = row_grid(data.shape[0] * data.shape[1], group)
+    return correct_kernel(dtype, group), grid, block, (
+        data, lses, int(self_rank), int(bool(is_lse_base_on_e)), corrected)
+
+
+def finish_launch(dtype, summed, lses, self_rank, is_lse_base_on_e, out, out_lse=None):
+    """``(kernel, grid, block, args)``: ``summed [B, H/N, D]`` float32 -> ``out`` (seen as
+    the kind's values, any strides), and the global LSE into ``out_lse`` if given."""
+    write_lse = out_lse is not None
+    if not write_lse:  # never written: a placeholder of the right type
+        out_lse = DeviceArray(out.ptr, (0, 0), (4, 4), np.float32, out.owner)
+    group = lanes_per_row(summed.shape[2])
+    grid, block = row_grid(summed.shape[0] * summed.shape[1], group)
+    return finish_kernel(dtype, group), grid, block, (
+        summed, lses, int(self_rank), int(bool(is_lse_base_on_e)), int(write_lse), out, out_lse)
+
+
+def agrs_correct(data, lses, self_rank, corrected, is_lse_base_on_e=True, stream=None):
+    """Scale this rank's partials by its exact weights, laid out by destination rank.
+
+    Args:
+        data: ``[B, H, D]`` float16, bfloat16 or float32 device array, any strides.
+        lses: ``[N, B, H]`` float32 device array, C-contiguous: every rank's LSEs.
+        self_rank: this rank's index in ``lses``.
+        corrected: ``[N, B, H/N, D]`` float32 device array, C-contiguous; written.
+        stream: the stream to run on; ``None`` is CuPy's current stream.
+    """
+    dtype = as_dtype(data.dtype)
+    _, value = combine_kind(dtype)
+    kernel, grid, block, args = correct_launch(
+        dtype, kernel_array(data, value, "data"), kernel_array(lses, np.float32, "lses"),
+        self_rank, is_lse_base_on_e, kernel_array(corrected, np.float32, "corrected"))
+    if data.shape[0]:
+        kernel(grid, block, stream_ptr(stream), args)
+
+
+def agrs_finish(summed, lses, self_rank, out, out_lse=None, is_lse_base_on_e=True, stream=None):
+    """Round the reduce-scattered sums ``summed [B, H/N, D]`` (float32) into ``out``
+    (``[B, H/N, D]``, any strides) and the global LSE of this rank's heads into
+    ``out_lse [B, H/N]`` (float32), from every rank's ``lses [N, B, H]``."""
+    dtype = as_dtype(out.dtype)
+    _, value = combine_kind(dtype)
+    lse_arr = None if out_lse is None else kernel_array(out_lse, np.float32, "out_lse")
+    kernel, grid, block, args = finish_launch(
+        dtype, kernel_array(summed, np.float32, "summed"), kernel_array(lses, np.float32, "lses"),
+        self_rank, is_lse_base_on_e, kernel_array(out, value, "out"), lse_arr)
+    if summed.shape[0]:
+        kernel(grid, block, stream_ptr(stream), args)
