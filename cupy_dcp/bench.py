@@ -5,7 +5,7 @@ For each token count it times, on the same communicator and in the same run:
 - ``raw_alltoall``: the exchange alone (grouped NCCL send/recv of the packed
   bytes, or ``MPI.Alltoall`` on host arrays): the floor;
 - ``cupy_dcp_a2a``: a :class:`DcpA2APlan` call (pack, exchange, combine);
-- ``ag_rs``: all-gather of the LSEs, correction, reduce-scatter (where built);
+- ``ag_rs``: all-gather of the LSEs, correction, reduce-scatter (:class:`DcpAgRsPlan`);
 
 eagerly (calls launched back to back) and as CUDA-graph replays (a captured
 batch of calls), and reports the median and p90 microseconds per call and the
@@ -116,7 +116,7 @@ def _gpu_time(fn, stream, reps, calls, graph, world):
 def _gpu_cases(comm, args, B, dtype):
     import cupy
 
-    from .plan import DcpA2APlan
+    from .plan import DcpA2APlan, DcpAgRsPlan
 
     n, H, D = comm.world_size, args.heads, args.head_dim
     rng = np.random.default_rng(comm.rank)
@@ -133,23 +133,17 @@ def _gpu_cases(comm, args, B, dtype):
     def raw():
         comm.alltoall_device(raw_send.data.ptr, raw_recv.data.ptr, chunk, stream.ptr)
 
+    agrs = DcpAgRsPlan(comm, B, H, D, dtype)
     cases["raw_alltoall"] = raw
     cases["cupy_dcp_a2a"] = lambda: plan(x, lse, stream=stream)
-    try:
-        from .reduce import dcp_ag_rs_lse_reduce  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        from .plan import DcpAgRsPlan
-        agrs = DcpAgRsPlan(comm, B, H, D, dtype)
-        cases["ag_rs"] = lambda: agrs(x, lse, stream=stream)
+    cases["ag_rs"] = lambda: agrs(x, lse, stream=stream)
     return cases, stream
 
 
 # --------------------------------------------------------------- host timings
 
 def _host_cases(comm, args, B, dtype):
-    from .reduce import dcp_a2a_lse_reduce
+    from .reduce import dcp_a2a_lse_reduce, dcp_ag_rs_lse_reduce
 
     n, H, D = comm.world_size, args.heads, args.head_dim
     rng = np.random.default_rng(comm.rank)
@@ -158,7 +152,8 @@ def _host_cases(comm, args, B, dtype):
     send = np.zeros(send_buffer_shape(n, B, H, D, dtype), dtype=bits_dtype(dtype))
     recv = np.zeros_like(send)
     return {"raw_alltoall": lambda: comm.alltoall_host(send, recv),
-            "cupy_dcp_a2a": lambda: dcp_a2a_lse_reduce(x, lse, comm)}
+            "cupy_dcp_a2a": lambda: dcp_a2a_lse_reduce(x, lse, comm),
+            "ag_rs": lambda: dcp_ag_rs_lse_reduce(x, lse, comm)}
 
 
 def _host_time(fn, reps, calls, world):
