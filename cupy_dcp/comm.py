@@ -74,6 +74,8 @@ class Communicator:
         """
         if backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {_BACKENDS} (got {backend!r})")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds or None (got {timeout!r})")
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"comm must be an mpi4py communicator (got {type(comm).__name__})")
