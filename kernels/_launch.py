@@ -2,11 +2,13 @@
 
 A lazily typed Numba launch costs 50-200 us of host time. Here each kernel is
 compiled once for one signature; its cubin (Numba's own compilation) is
-loaded and launched through the CUDA driver API of ``cuda.bindings`` (else
-``cuda.core``, else CuPy's driver module) with the flattened Numba argument
-ABI: every array becomes ``meminfo, parent, nitems, itemsize, data,
-shape..., strides...`` (all 64-bit; strides in bytes), and every scalar
-argument of our kernels is an int64, so the parameters are one int64 array.
+loaded and launched with the CUDA driver's ``cuLaunchKernel``, called through
+``ctypes`` (Python wrappers of it, ``cuda.core`` or CuPy's module, cost 10-30
+us a launch; ``CUPY_DCP_LAUNCHER`` picks one of those instead). The
+arguments follow Numba's kernel ABI: every array becomes ``meminfo, parent,
+nitems, itemsize, data, shape..., strides...`` (all 64-bit; strides in
+bytes), and every scalar argument of our kernels is an int64, so the
+parameters are one int64 block.
 The launch touches no stream but the one it is given, so it can be captured
 in a CUDA graph.
 
@@ -14,6 +16,7 @@ Under the CUDA simulator, and with ``CUPY_DCP_LAUNCHER=numba``, the Numba
 dispatcher launches instead (same kernels, same arguments).
 """
 
+import ctypes
 import os
 import threading
 
@@ -88,11 +91,8 @@ def launcher_kind():
         if forced not in _KINDS:
             raise ValueError(f"CUPY_DCP_LAUNCHER must be one of {_KINDS} (got {forced!r})")
         return forced
-    try:
-        from cuda.bindings import driver  # noqa: F401
+    if _libcuda() is not None:
         return "driver"
-    except ImportError:
-        pass
     try:
         import cuda.core  # noqa: F401
         return "core"
@@ -138,13 +138,10 @@ class SpecializedKernel:
         cubin = getattr(cubin, "code", cubin)
         name = compiled.entry_name
         if self.kind == "driver":
-            from cuda.bindings import driver
-            self._driver = driver
-            err, self._module = driver.cuModuleLoadData(cubin)
-            _check(driver, err, "cuModuleLoadData")
-            err, self._function = driver.cuModuleGetFunction(self._module, name.encode())
-            _check(driver, err, "cuModuleGetFunction")
-            self._streams = {}
+            if _libcuda() is None:
+                raise RuntimeError("the CUDA driver library (libcuda) cannot be loaded")
+            self._cubin, self._name = bytes(cubin), name.encode()
+            self._functions = {}  # a module is loaded once per CUDA context
             # One parameter block, reused: cuLaunchKernel copies it before it returns.
             count = sum(5 + 2 * t.ndim if isinstance(t, types.Array) else 1 for t in self.argtypes)
             self._params = np.zeros(count, dtype=np.int64)
@@ -182,17 +179,16 @@ class SpecializedKernel:
     def launch_flat(self, grid, block, stream_ptr, flat):
         """Launch with arguments already flattened to the ABI."""
         if self.kind == "driver":
-            stream = self._streams.get(stream_ptr)
-            if stream is None:
-                stream = self._streams[stream_ptr] = self._driver.CUstream(stream_ptr)
+            lib = _libcuda()
             gx, gy, gz = (tuple(grid) + (1, 1))[:3]
             bx, by, bz = (tuple(block) + (1, 1))[:3]
+            function = self._function_in_current_context(lib)
             with self._lock:
                 self._params[:] = flat
-                err, = self._driver.cuLaunchKernel(self._function, gx, gy, gz, bx, by, bz, 0,
-                                                   stream, self._pointers_ptr, 0)
+                err = lib.cuLaunchKernel(function, gx, gy, gz, bx, by, bz, 0, stream_ptr,
+                                         self._pointers_ptr, None)
             if err:
-                _check(self._driver, err, "cuLaunchKernel")
+                lib.check(err, "cuLaunchKernel")
         elif self.kind == "core":
             key = (grid, block)
             config = self._configs.get(key)
@@ -207,6 +203,21 @@ class SpecializedKernel:
         else:
             raise RuntimeError("flat launches need the cuda.core or CuPy launcher")
 
+    def _function_in_current_context(self, lib):
+        context = ctypes.c_void_p()
+        lib.check(lib.cuCtxGetCurrent(ctypes.byref(context)), "cuCtxGetCurrent")
+        function = self._functions.get(context.value)
+        if function is None:
+            if not context.value:
+                raise RuntimeError("no CUDA context is current: select a device first "
+                                   "(cupy.cuda.Device(i).use())")
+            module, handle = ctypes.c_void_p(), ctypes.c_void_p()
+            lib.check(lib.cuModuleLoadData(ctypes.byref(module), self._cubin), "cuModuleLoadData")
+            lib.check(lib.cuModuleGetFunction(ctypes.byref(handle), module, self._name),
+                      "cuModuleGetFunction")
+            function = self._functions[context.value] = handle.value
+        return function
+
     def _launch_numba(self, grid, block, stream_ptr, args):
         views = [a.numba_view() if isinstance(a, DeviceArray) else a for a in args]
         if config.ENABLE_CUDASIM:
@@ -216,9 +227,42 @@ class SpecializedKernel:
         self._dispatcher[grid, block, stream](*views)
 
 
-def _check(driver, err, what):
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"{what} failed: {driver.cuGetErrorString(err)[1]!r} ({err!r})")
+class _Libcuda:
+    """The few CUDA driver entry points the launcher calls, through ctypes."""
+
+    def __init__(self, lib):
+        c = ctypes
+        self._lib = lib
+        self.cuLaunchKernel = lib.cuLaunchKernel
+        self.cuLaunchKernel.argtypes = [c.c_void_p] + [c.c_uint] * 7 + [c.c_void_p] * 3
+        self.cuLaunchKernel.restype = c.c_int
+        self.cuModuleLoadData = lib.cuModuleLoadData
+        self.cuModuleLoadData.argtypes = [c.POINTER(c.c_void_p), c.c_char_p]
+        self.cuModuleGetFunction = lib.cuModuleGetFunction
+        self.cuModuleGetFunction.argtypes = [c.POINTER(c.c_void_p), c.c_void_p, c.c_char_p]
+        self.cuCtxGetCurrent = lib.cuCtxGetCurrent
+        self.cuCtxGetCurrent.argtypes = [c.POINTER(c.c_void_p)]
+        self._error_string = lib.cuGetErrorString
+        self._error_string.argtypes = [c.c_int, c.POINTER(c.c_char_p)]
+
+    def check(self, err, what):
+        if err:
+            text = ctypes.c_char_p()
+            self._error_string(err, ctypes.byref(text))
+            raise RuntimeError(f"{what} failed: {(text.value or b'?').decode()} (CUresult {err})")
+
+
+_LIBCUDA = []
+
+
+def _libcuda():
+    """The CUDA driver through ctypes, or ``None`` where it cannot be loaded."""
+    if not _LIBCUDA:
+        try:
+            _LIBCUDA.append(_Libcuda(ctypes.CDLL("libcuda.so.1")))
+        except (OSError, AttributeError):
+            _LIBCUDA.append(None)
+    return _LIBCUDA[0]
 
 
 def _core_stream(ptr):
