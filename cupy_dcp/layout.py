@@ -16,6 +16,7 @@ __all__ = [
     "as_dtype",
     "bits_dtype",
     "lse_pack_dim",
+    "round_from_float64",
     "send_buffer_shape",
 ]
 
@@ -83,3 +84,25 @@ def send_buffer_shape(world_size, num_tokens, num_heads, head_dim, dtype):
             f"num_heads must be divisible by world_size (got H={num_heads}, N={world_size})")
     return (world_size, num_tokens, num_heads // world_size,
             head_dim + lse_pack_dim(dtype))
+
+
+def round_from_float64(values, dtype):
+    """``values`` (float64) rounded once, to nearest even, to ``dtype``.
+
+    float32 and float16 conversions of NumPy round once. bfloat16 goes through
+    float32 rounded to odd (an inexact result gets an odd last bit), which
+    keeps the final rounding to nearest even exact: no double rounding.
+    """
+    dtype = as_dtype(dtype)
+    values = np.asarray(values, dtype=np.float64)
+    if dtype != BFLOAT16:
+        return values.astype(dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        narrow = values.astype(np.float32)
+        bits = narrow.view(np.uint32).copy()
+        wide = narrow.astype(np.float64)
+        sticky = (wide != values) & np.isfinite(values) & ((bits & np.uint32(1)) == 0)
+        away = np.abs(wide) > np.abs(values)
+    bits[sticky & away] -= np.uint32(1)
+    bits[sticky & ~away] += np.uint32(1)
+    return bits.view(np.float32).astype(dtype)

@@ -4,7 +4,7 @@ import numpy as np
 
 from . import _checks
 from .comm import as_communicator
-from .layout import as_dtype, bits_dtype, send_buffer_shape
+from .layout import bits_dtype, round_from_float64, send_buffer_shape
 from .kernels import (agrs_correct_host, agrs_lse_host, combine_host, mask_lse_host,
                       pack_host)
 from .reference import unpack_reference
@@ -153,7 +153,7 @@ def _a2a_host(x, lse32, comm, base_e, seq_lens, query_start_loc, dtype):
     acc = np.empty((B, H // n, D), dtype=np.float64)
     global_lse = np.empty((B, H // n), dtype=np.float64)
     combine_host(parts.astype(np.float32), lses, acc, global_lse, base_e)
-    return acc.astype(np.float32).astype(dtype), global_lse.astype(np.float32)
+    return round_from_float64(acc, dtype), global_lse.astype(np.float32)
 
 
 def _ag_rs_host(x, lse32, comm, base_e, seq_lens, query_start_loc, dtype):
@@ -170,7 +170,7 @@ def _ag_rs_host(x, lse32, comm, base_e, seq_lens, query_start_loc, dtype):
     comm.reduce_scatter_host(corrected, summed)
     global_lse = np.empty((B, H // n), dtype=np.float64)
     agrs_lse_host(lses, comm.rank, H // n, global_lse, base_e)
-    return summed.astype(np.float32).astype(dtype), global_lse.astype(np.float32)
+    return round_from_float64(summed, dtype), global_lse.astype(np.float32)
 
 
 _PLANS = {}

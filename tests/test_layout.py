@@ -133,3 +133,26 @@ def test_pack_reference_needs_heads_divisible_by_world_size():
 def test_unpack_reference_checks_the_width():
     with pytest.raises(ValueError, match=r"^recv must be \[N, B, H/N, 8\+2\] \(got shape \(2, 1, 3, 9\)\)$"):
         unpack_reference(np.zeros((2, 1, 3, 9), np.float16), head_dim=8)
+
+
+def test_round_from_float64_rounds_once_to_bfloat16():
+    """1 + 2^-8 + 2^-30 lies just above the midpoint of two bfloat16 values: rounding
+    through float32 first lands exactly on the midpoint, then on the even neighbour."""
+    from cupy_dcp.layout import BFLOAT16, round_from_float64
+    above = 1.0 + 2.0 ** -8 + 2.0 ** -30
+    below = -(1.0 + 2.0 ** -8 - 2.0 ** -31)
+    got = round_from_float64(np.array([above, below, 1.0 + 2.0 ** -8, np.nan, -np.inf, 0.0]),
+                             BFLOAT16).astype(np.float64)
+    assert got[0] == 1.0 + 2.0 ** -7          # up: above the midpoint
+    assert got[1] == -1.0                     # down in magnitude: below the midpoint
+    assert got[2] == 1.0                      # an exact tie goes to even
+    assert np.isnan(got[3]) and got[4] == -np.inf and got[5] == 0.0
+    naive = np.float64(above).astype(np.float32).astype(BFLOAT16).astype(np.float64)
+    assert naive == 1.0  # what double rounding gives: the case is a real one
+
+
+def test_round_from_float64_matches_numpy_for_float16_and_float32():
+    from cupy_dcp.layout import round_from_float64
+    x = np.random.default_rng(3).standard_normal(1000) * 100
+    np.testing.assert_array_equal(round_from_float64(x, np.float16), x.astype(np.float16))
+    np.testing.assert_array_equal(round_from_float64(x, np.float32), x.astype(np.float32))
