@@ -18,7 +18,7 @@ from ..layout import as_dtype
 from ._arrays import kernel_array, stream_ptr
 from ._device import device_functions
 from ._launch import DeviceArray, SpecializedKernel, array_type
-from ._rows import UNROLL, WARP, lanes_per_row, row_grid
+from ._rows import UNROLL, WARP, lanes_per_row, row_cursor, row_grid
 from .combine import _codecs, combine_kind
 
 __all__ = ["agrs_correct", "agrs_finish", "correct_launch", "finish_launch"]
@@ -49,7 +49,8 @@ def _correct_kernel(kind, group):
     _, _, decode, _, _ = _codecs(kind, f)
     row_weights, shard_weight, zero = _row_weights(f), f["shard_weight"], f["zero"]
     u64 = np.uint64
-    u_group, u_step, u_per_warp = u64(group), u64(group * UNROLL), u64(WARP // group)
+    u_group, u_step = u64(group), u64(group * UNROLL)
+    cursor = row_cursor()
 
     @cuda.jit
     def correct(data, lses, self_rank, base_e, corrected):
@@ -58,9 +59,7 @@ def _correct_kernel(kind, group):
         heads = u64(data.shape[1])
         d_count = u64(data.shape[2])
         hn = u64(corrected.shape[2])
-        lane = u64(cuda.threadIdx.x) % u_group
-        warp = u64(cuda.blockIdx.x) * u64(cuda.blockDim.y) + u64(cuda.threadIdx.y)
-        row = warp * u_per_warp + u64(cuda.threadIdx.x) // u_group
+        lane, row, row_step = cursor(u_group)
         buf = cuda.local.array(UNROLL, float32)
         while row < b_count * heads:
             b = row // heads
@@ -83,7 +82,7 @@ def _correct_kernel(kind, group):
                     if d < d_count:
                         dst[d] = buf[k]
                 base += u_step
-            row += u64(cuda.gridDim.x) * u64(cuda.blockDim.y) * u_per_warp
+            row += row_step
 
     return correct
 
@@ -94,7 +93,8 @@ def _finish_kernel(kind, group):
     _, _, _, _, encode = _codecs(kind, f)
     row_weights, global_lse = _row_weights(f), f["global_lse"]
     u64 = np.uint64
-    u_group, u_step, u_per_warp = u64(group), u64(group * UNROLL), u64(WARP // group)
+    u_group, u_step = u64(group), u64(group * UNROLL)
+    cursor = row_cursor()
 
     @cuda.jit
     def finish(summed, lses, self_rank, base_e, write_lse, out, out_lse):
@@ -102,9 +102,7 @@ def _finish_kernel(kind, group):
         b_count = u64(summed.shape[0])
         hn = u64(summed.shape[1])
         d_count = u64(summed.shape[2])
-        lane = u64(cuda.threadIdx.x) % u_group
-        warp = u64(cuda.blockIdx.x) * u64(cuda.blockDim.y) + u64(cuda.threadIdx.y)
-        row = warp * u_per_warp + u64(cuda.threadIdx.x) // u_group
+        lane, row, row_step = cursor(u_group)
         while row < b_count * hn:
             b = row // hn
             h = row % hn
@@ -120,7 +118,7 @@ def _finish_kernel(kind, group):
                     if d < d_count:
                         dst[d] = encode(src[d], src[d])
                 base += u_step
-            row += u64(cuda.gridDim.x) * u64(cuda.blockDim.y) * u_per_warp
+            row += row_step
 
     return finish
 

@@ -22,7 +22,7 @@ from numba.core import types
 from ._arrays import kernel_array, stream_ptr
 from ._device import device_functions
 from ._launch import DeviceArray, SpecializedKernel, array_type
-from ._rows import UNROLL, WARP, lanes_per_row, row_grid
+from ._rows import UNROLL, WARP, lanes_per_row, row_cursor, row_grid
 from ._specs import check_combine_args
 
 __all__ = ["combine_kernel", "combine_kind", "combine_launch", "unpack_combine"]
@@ -115,10 +115,10 @@ def _combine_kernel(kind, group=WARP, unroll=UNROLL):
     inverse_total, global_lse, shard_weight = f["inverse_total"], f["global_lse"], f["shard_weight"]
     zero, neg_inf = f["zero"], f["neg_inf"]
     step = group * unroll
-    per_warp = WARP // group
+    cursor = row_cursor()
 
     u64 = np.uint64
-    u_group, u_step, u_one, u_two, u_per_warp = u64(group), u64(step), u64(1), u64(2), u64(per_warp)
+    u_group, u_step, u_one, u_two = u64(group), u64(step), u64(1), u64(2)
 
     # Indices are unsigned so that Numba emits no negative-index wraparound.
     @cuda.jit
@@ -128,9 +128,7 @@ def _combine_kernel(kind, group=WARP, unroll=UNROLL):
         rows = u64(vals.shape[1]) * hn
         width = u64(vals.shape[3])
         d_count = u64(out.shape[2])
-        lane = u64(cuda.threadIdx.x) % u_group
-        warp = u64(cuda.blockIdx.x) * u64(cuda.blockDim.y) + u64(cuda.threadIdx.y)
-        row = warp * u_per_warp + u64(cuda.threadIdx.x) // u_group
+        lane, row, row_step = cursor(u_group)
         acc = cuda.local.array(accumulators, np.float32)
         first = cuda.local.array(unroll, raw)
         second = cuda.local.array(unroll, raw)
@@ -189,7 +187,7 @@ def _combine_kernel(kind, group=WARP, unroll=UNROLL):
                     if d < d_count:
                         dst[d] = encode(acc[k], acc[unroll + k])
                 base += u_step
-            row += u64(cuda.gridDim.x) * u64(cuda.blockDim.y) * u_per_warp
+            row += row_step
 
     return combine
 

@@ -21,15 +21,34 @@ PARALLEL_MIN_ELEMENTS = 1 << 21  # below this, threads cost more than they save
 
 
 @functools.cache
-def _compiled(parallel):
+def _host_math():
+    """The shared row math in float64, and ``row_stats(lses_of_row) -> (m, total)``."""
     jit = njit(cache=False, error_model="numpy")
     m = build_math(np.float64, jit)
-    row_is_empty = build_mask(jit)
+    clean_lse, finish_max, lse_exp, zero, neg_inf = (
+        m.clean_lse, m.finish_max, m.lse_exp, m.zero, m.neg_inf)
+
+    @jit
+    def row_stats(lses, base_e):
+        top = neg_inf
+        for r in range(lses.shape[0]):
+            top = max(top, clean_lse(np.float64(lses[r])))
+        top = finish_max(top)
+        total = zero
+        for r in range(lses.shape[0]):
+            total += lse_exp(clean_lse(np.float64(lses[r])) - top, base_e)
+        return top, total
+
+    return m, build_mask(jit), row_stats
+
+
+@functools.cache
+def _compiled(parallel):
+    m, row_is_empty, row_stats = _host_math()
     neg_inf_bits = np.uint32(NEG_INF_BITS)
     low16, sixteen = np.uint32(0xFFFF), np.uint32(16)
-    clean_lse, finish_max, lse_exp = m.clean_lse, m.finish_max, m.lse_exp
     inverse_total, global_lse, shard_weight = m.inverse_total, m.global_lse, m.shard_weight
-    zero, neg_inf = m.zero, m.neg_inf
+    zero = m.zero
 
     @njit(parallel=parallel, error_model="numpy")
     def pack(data, lse_bits, seq_lens, query_start_loc, num_seqs, send):
@@ -57,13 +76,7 @@ def _compiled(parallel):
         for row in prange(b_count * hn):
             b = row // hn
             h = row % hn
-            m = neg_inf
-            for r in range(n):
-                m = max(m, clean_lse(np.float64(lses[r, b, h])))
-            m = finish_max(m)
-            total = zero
-            for r in range(n):
-                total += lse_exp(clean_lse(np.float64(lses[r, b, h])) - m, base_e)
+            m, total = row_stats(lses[:, b, h], base_e)
             inv_total = inverse_total(total)
             out_lse[b, h] = global_lse(total, m, base_e)
             for d in range(d_count):
@@ -110,24 +123,9 @@ def combine_host(parts, lses, out, out_lse, is_lse_base_on_e=True):
 
 @functools.cache
 def _compiled_agrs():
-    jit = njit(cache=False, error_model="numpy")
-    m = build_math(np.float64, jit)
-    row_is_empty = build_mask(jit)
-    clean_lse, finish_max, lse_exp = m.clean_lse, m.finish_max, m.lse_exp
-    inverse_total, global_lse, shard_weight = m.inverse_total, m.global_lse, m.shard_weight
-    zero, neg_inf = m.zero, m.neg_inf
-
-    @jit
-    def row_stats(lses, b, head, base_e):
-        n = lses.shape[0]
-        top = neg_inf
-        for r in range(n):
-            top = max(top, clean_lse(np.float64(lses[r, b, head])))
-        top = finish_max(top)
-        total = zero
-        for r in range(n):
-            total += lse_exp(clean_lse(np.float64(lses[r, b, head])) - top, base_e)
-        return top, total
+    m, row_is_empty, row_stats = _host_math()
+    inverse_total, global_lse, shard_weight, zero = (
+        m.inverse_total, m.global_lse, m.shard_weight, m.zero)
 
     @njit(error_model="numpy")
     def mask(lse, seq_lens, query_start_loc, num_seqs):
@@ -140,7 +138,7 @@ def _compiled_agrs():
         n, b_count, hn, d_count = corrected.shape
         for b in range(b_count):
             for head in range(n * hn):
-                top, total = row_stats(lses, b, head, base_e)
+                top, total = row_stats(lses[:, b, head], base_e)
                 w = shard_weight(np.float64(lses[self_rank, b, head]), top,
                                  inverse_total(total), base_e)
                 for d in range(d_count):
@@ -150,7 +148,7 @@ def _compiled_agrs():
     def local_lse(lses, self_rank, hn, base_e, out_lse):
         for b in range(out_lse.shape[0]):
             for h in range(hn):
-                top, total = row_stats(lses, b, self_rank * hn + h, base_e)
+                top, total = row_stats(lses[:, b, self_rank * hn + h], base_e)
                 out_lse[b, h] = global_lse(total, top, base_e)
 
     return mask, correct, local_lse

@@ -20,7 +20,7 @@ from ._arrays import dummy_index, kernel_array, stream_ptr
 from ._device import device_functions
 from ._launch import SpecializedKernel, array_type
 from ._math import NEG_INF_BITS
-from ._rows import UNROLL, WARP, lanes_per_row, row_grid
+from ._rows import UNROLL, WARP, lanes_per_row, row_cursor, row_grid
 from ._specs import check_pack_args
 
 __all__ = ["pack_kernel", "pack_launch", "pack_send"]
@@ -33,10 +33,10 @@ def _pack_kernel(group=WARP):
     neg_inf_bits = np.uint32(NEG_INF_BITS)
     low16, sixteen = np.uint32(0xFFFF), np.uint32(16)
     step = group * UNROLL
-    per_warp = WARP // group
+    cursor = row_cursor()
 
     u64 = np.uint64
-    u_group, u_step, u_one, u_per_warp = u64(group), u64(step), u64(1), u64(per_warp)
+    u_group, u_step, u_one = u64(group), u64(step), u64(1)
 
     # Indices are unsigned so that Numba emits no negative-index wraparound.
     @cuda.jit
@@ -46,9 +46,7 @@ def _pack_kernel(group=WARP):
         rows = u64(send.shape[0]) * b_count * hn
         width = u64(send.shape[3])
         d_count = u64(data.shape[2])
-        lane = u64(cuda.threadIdx.x) % u_group
-        warp = u64(cuda.blockIdx.x) * u64(cuda.blockDim.y) + u64(cuda.threadIdx.y)
-        row = warp * u_per_warp + u64(cuda.threadIdx.x) // u_group
+        lane, row, row_step = cursor(u_group)
         buf = cuda.local.array(UNROLL, np.uint32)
         while row < rows:
             h = row % hn
@@ -78,7 +76,7 @@ def _pack_kernel(group=WARP):
                 else:
                     dst[d_count] = bits & low16
                     dst[d_count + u_one] = (bits >> sixteen) & low16
-            row += u64(cuda.gridDim.x) * u64(cuda.blockDim.y) * u_per_warp
+            row += row_step
 
     return pack
 
