@@ -10,6 +10,8 @@ import time
 
 from mpi4py import MPI
 
+from ._staged import staged_allgather, staged_alltoall, staged_reduce_scatter
+
 __all__ = ["Communicator", "as_communicator"]
 
 _BACKENDS = ("auto", "mpi", "nccl")
@@ -59,10 +61,12 @@ class Communicator:
 
         Args:
             comm: an mpi4py communicator.
-            backend: ``"mpi"`` (host arrays, ``MPI.Alltoall``), ``"nccl"``
-                (device arrays; the NCCL communicator is built now) or
-                ``"auto"`` (MPI for host arrays; NCCL built at the first
-                device call, which every rank makes together).
+            backend: ``"nccl"`` (device arrays over NCCL; the NCCL
+                communicator is built now), ``"auto"`` (MPI for host arrays;
+                NCCL built at the first device call, which every rank makes
+                together) or ``"mpi"`` (MPI only: host arrays directly, device
+                arrays staged through host memory, exact but slow and not
+                capturable in a CUDA graph).
             device: the GPU of this rank; ``None`` picks its rank within the
                 node modulo the visible GPUs.
             timeout: seconds that a host exchange, or :meth:`synchronize`, may
@@ -84,6 +88,24 @@ class Communicator:
             self.nccl()
         return self
 
+    def prepare_device(self):
+        """Collective: make this group ready for device arrays.
+
+        Builds the NCCL communicator, or, with ``backend="mpi"``, only selects
+        this rank's GPU (exchanges are then staged through host memory with
+        MPI: exact, slow, not capturable). Returns the device ordinal.
+        """
+        if self.backend == "mpi":
+            problem = _cupy_problem()
+            problems = self.mpi_comm.allgather(problem)
+            bad = {r: p for r, p in enumerate(problems) if p is not None}
+            if bad:
+                detail = "; ".join(f"rank {r}: {p}" for r, p in sorted(bad.items()))
+                raise RuntimeError(f"device arrays need CuPy and a GPU ({detail})")
+            return self._pick_device()
+        self.nccl()
+        return self.device
+
     def nccl(self):
         """The NCCL communicator of this group, built on first use (collective).
 
@@ -95,7 +117,8 @@ class Communicator:
         if self._nccl is not None:
             return self._nccl
         if self.backend == "mpi":
-            raise RuntimeError("this communicator's backend is 'mpi': device arrays need 'nccl' or 'auto'")
+            raise RuntimeError("this communicator's backend is 'mpi': it has no NCCL communicator "
+                               "(device arrays are staged through host memory)")
         problem = _nccl_problem()
         device = None
         if problem is None:
@@ -133,10 +156,13 @@ class Communicator:
         Chunks are ``chunk_bytes`` apart. This rank's own chunk is not moved:
         the caller writes it into ``recv`` directly. Enqueued on ``stream_ptr``.
         """
+        self.last_operation = f"the all-to-all of {chunk_bytes} bytes per peer"
+        if self.backend == "mpi":
+            staged_alltoall(self, send_ptr, recv_ptr, chunk_bytes, stream_ptr)
+            return
         from cupy.cuda import nccl
 
         comm = self._device_comm()
-        self.last_operation = f"the all-to-all of {chunk_bytes} bytes per peer"
         uint8 = nccl.NCCL_UINT8
         nccl.groupStart()
         try:
@@ -278,18 +304,24 @@ class Communicator:
 
     def allgather_device(self, send_ptr, recv_ptr, count, stream_ptr):
         """NCCL all-gather of ``count`` float32 per rank, on ``stream_ptr``."""
+        self.last_operation = f"the all-gather of {count} float32 per rank"
+        if self.backend == "mpi":
+            staged_allgather(self, send_ptr, recv_ptr, count, stream_ptr)
+            return
         from cupy.cuda import nccl
 
         comm = self._device_comm()
-        self.last_operation = f"the all-gather of {count} float32 per rank"
         comm.allGather(send_ptr, recv_ptr, count, nccl.NCCL_FLOAT32, stream_ptr)
 
     def reduce_scatter_device(self, send_ptr, recv_ptr, count, stream_ptr):
         """NCCL reduce-scatter (sum) of float32, ``count`` per rank, on ``stream_ptr``."""
+        self.last_operation = f"the reduce-scatter of {count} float32 per rank"
+        if self.backend == "mpi":
+            staged_reduce_scatter(self, send_ptr, recv_ptr, count, stream_ptr)
+            return
         from cupy.cuda import nccl
 
         comm = self._device_comm()
-        self.last_operation = f"the reduce-scatter of {count} float32 per rank"
         comm.reduceScatter(send_ptr, recv_ptr, count, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream_ptr)
 
     def _device_comm(self):
@@ -309,8 +341,8 @@ class Communicator:
         return f"Communicator(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r})"
 
 
-def _nccl_problem():
-    """What this process lacks for NCCL, or ``None``."""
+def _cupy_problem():
+    """What this process lacks for device arrays (CuPy, a GPU), or ``None``."""
     try:
         import cupy
     except ImportError:
@@ -321,6 +353,14 @@ def _nccl_problem():
         return f"no CUDA GPU ({exc})"
     if count == 0:
         return "no CUDA GPU is visible"
+    return None
+
+
+def _nccl_problem():
+    """What this process lacks for NCCL, or ``None``."""
+    problem = _cupy_problem()
+    if problem is not None:
+        return problem
     try:
         from cupy.cuda import nccl
     except ImportError:

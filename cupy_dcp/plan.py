@@ -72,7 +72,7 @@ class _Plan:
         self.bits = bits_dtype(dtype)
         self._value = combine_kind(dtype)[1]
         if n > 1:
-            comm.nccl()
+            comm.prepare_device()
         with cupy.cuda.Device(comm.device):
             self._result = cupy.empty((max_tokens, self.local_heads, head_dim), dtype=dtype)
             self._result_lse = cupy.empty((max_tokens, self.local_heads), dtype=cupy.float32)

@@ -24,8 +24,8 @@ def test_bad_communicator_arguments(kwargs, error, match):
         cupy_dcp.Communicator.from_mpi(**kwargs)
 
 
-def test_device_arrays_need_the_nccl_backend_on_an_mpi_communicator():
+def test_an_mpi_communicator_has_no_nccl_communicator():
     comm = cupy_dcp.Communicator.from_mpi(MPI.COMM_SELF, backend="mpi")
-    with pytest.raises(RuntimeError, match=r"backend is 'mpi': device arrays need 'nccl' or 'auto'"):
+    with pytest.raises(RuntimeError, match=r"backend is 'mpi': it has no NCCL communicator"):
         comm.nccl()
     comm.free()
