@@ -268,11 +268,10 @@ class Communicator:
         """
         import cupy
 
-        from .kernels._arrays import stream_ptr
+        from .kernels._arrays import cupy_stream, stream_ptr
 
-        ptr = stream_ptr(stream)
         event = cupy.cuda.Event(block=False, disable_timing=True)
-        event.record(cupy.cuda.ExternalStream(ptr))
+        event.record(cupy_stream(stream_ptr(stream)))
         timeout = self.timeout if timeout is None else timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         while not event.done:

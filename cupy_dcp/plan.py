@@ -18,7 +18,7 @@ import numpy as np
 from . import _checks
 from .comm import as_communicator
 from .layout import BFLOAT16, as_dtype, bits_dtype, lse_pack_dim
-from .kernels._arrays import as_cupy, dummy_index, kernel_array, stream_ptr
+from .kernels._arrays import as_cupy, cupy_stream, dummy_index, kernel_array, stream_ptr
 from .kernels._launch import DeviceArray
 from .kernels._rows import lanes_per_row
 from .kernels.agrs import correct_kernel, correct_launch, finish_kernel, finish_launch
@@ -252,7 +252,7 @@ class DcpAgRsPlan(_Plan):
         lses, corrected, summed = self._buffers(tokens)
         count = tokens * self.num_heads
         lse_in = self._lse_in[:count].reshape(tokens, self.num_heads)
-        with cupy.cuda.ExternalStream(ptr):
+        with cupy_stream(ptr):
             lse_in[...] = as_cupy(lse)  # contiguous, and a private copy to mask
             if seq_lens is not None:
                 _mask_lse(cupy, lse_in, as_cupy(seq_lens), as_cupy(query_start_loc))

@@ -13,7 +13,7 @@ from numba import config, cuda
 
 from ._launch import DeviceArray
 
-__all__ = ["as_cupy", "dummy_index", "kernel_array", "stream_ptr"]
+__all__ = ["as_cupy", "cupy_stream", "dummy_index", "kernel_array", "stream_ptr"]
 
 
 def _cupy():
@@ -53,6 +53,16 @@ def as_cupy(obj):
     except (AttributeError, TypeError, ValueError, RuntimeError):
         return cupy.from_dlpack(obj)
     return cupy.asarray(obj)
+
+
+def cupy_stream(ptr):
+    """A CuPy stream object over the raw handle ``ptr`` (not owned)."""
+    import warnings
+
+    import cupy
+    with warnings.catch_warnings():  # CuPy 14 prefers Stream.from_external; older ones lack it
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cupy.cuda.ExternalStream(ptr)
 
 
 def kernel_array(obj, dtype, name="array"):
