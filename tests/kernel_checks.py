@@ -117,3 +117,16 @@ def check_agrs(to_device, to_host, dtype, n, b, hn, d, rng, base_e=True, head_ma
     np.testing.assert_array_equal(np.isneginf(g), np.isneginf(ref))
     finite = np.isfinite(ref)
     np.testing.assert_allclose(g[finite], ref[finite], rtol=1e-6, atol=1e-5)
+
+
+def check_combine_rounds_to_nearest_even(to_device, to_host, dtype, b, hn, d, rng):
+    """Two shards of equal LSE: every weight is exactly 1/2, the float32 sum is exact,
+    so the output must be that sum rounded to nearest even, bit for bit."""
+    xs = rng.standard_normal((2, b, hn, d)).astype(np.float32).astype(dtype)
+    ls = np.zeros((2, b, hn), dtype=np.float32)
+    recv = np.stack([pack_reference(xs[k], ls[k], 1)[0] for k in range(2)])
+    out = to_device(np.zeros((b, hn, d), dtype=dtype))
+    unpack_combine(to_device(recv), out)
+    exact = np.float32(0.5) * xs[0].astype(np.float32) + np.float32(0.5) * xs[1].astype(np.float32)
+    bits = np.uint16 if dtype.itemsize == 2 else np.uint32
+    np.testing.assert_array_equal(to_host(out).view(bits), exact.astype(dtype).view(bits))

@@ -173,3 +173,12 @@ def test_agrs_kernels_match_reference(dtype, d, base_e):
     to_device, to_host = cupy_io()
     check_agrs(to_device, to_host, dtype, 2, 40, 8, d, np.random.default_rng(d), base_e=base_e)
     check_agrs(to_device, to_host, dtype, 3, 5, 2, d, np.random.default_rng(d + 1), head_major=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("d", [71, 512])
+def test_combine_rounds_to_nearest_even(dtype, d):
+    from kernel_checks import check_combine_rounds_to_nearest_even
+    to_device, to_host = cupy_io()
+    check_combine_rounds_to_nearest_even(to_device, to_host, dtype, 64, 8, d,
+                                         np.random.default_rng(d))

@@ -68,3 +68,10 @@ def test_agrs_kernels_match_reference(dtype, shape, base_e):
     from kernel_checks import check_agrs
     check_agrs(ident, host, dtype, *shape, np.random.default_rng(sum(shape)), base_e=base_e,
                head_major=shape[3] == 8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("d", [7, 64])
+def test_combine_rounds_to_nearest_even(dtype, d):
+    from kernel_checks import check_combine_rounds_to_nearest_even
+    check_combine_rounds_to_nearest_even(ident, host, dtype, 3, 2, d, np.random.default_rng(d))

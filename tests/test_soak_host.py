@@ -1,0 +1,34 @@
+"""Soak of the host path: ``mpiexec -n 2 python tests/soak_host_worker.py`` for a bounded time.
+
+``CUPY_DCP_SOAK_SECONDS`` (default 45) sets how long the worker keeps calling
+``dcp_a2a_lse_reduce``; it checks results, resident memory and open file
+descriptors as it goes, and aborts the job on the first failure.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from _helpers import mpiexec_env
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "soak_host_worker.py")
+NPROCS = 2
+
+
+@pytest.mark.slow
+def test_host_reduce_soak_stays_correct_and_flat(mpiexec):
+    seconds = float(os.environ.get("CUPY_DCP_SOAK_SECONDS", "45"))
+    proc = subprocess.run(mpiexec(NPROCS, sys.executable, WORKER), capture_output=True,
+                          text=True, timeout=seconds + 240,
+                          env=mpiexec_env(CUPY_DCP_SOAK_SECONDS=str(seconds)))
+    report = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, report
+    calls = []
+    for rank in range(NPROCS):
+        found = re.search(rf"^rank {rank}/{NPROCS} soak OK: (\d+) calls", proc.stdout, re.M)
+        assert found, report
+        calls.append(int(found.group(1)))
+    assert len(set(calls)) == 1 and calls[0] >= 300, report  # the worker's MIN_CALLS
