@@ -45,3 +45,10 @@ def test_decode_attention_example_on_gpus(dtype):
     out = run_job(2, str(ROOT / "mpi_examples" / "decode_attention.py"), "--device", "gpu",
                   "--dtype", dtype, "--heads", "32", "--head-dim", "576")
     assert "[GPU]" in out and "OK:" in out, out[-3000:]
+
+
+@requires_two_gpus
+@pytest.mark.slow
+def test_gpu_soak_of_graph_replays_and_eager_calls():
+    out = run_job(2, str(HERE / "gpu_soak_worker.py"), timeout=1800)
+    assert out.count("GPU soak OK") == 2, out[-3000:]
