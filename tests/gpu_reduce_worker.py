@@ -88,6 +88,42 @@ def functional_cases(world, comm):
                           ref, ref_lse, scale, where)
 
 
+def interop_cases(world, comm):
+    """Inputs handed over from PyTorch (bfloat16, by DLPack) and JAX, where installed."""
+    import cupy
+    rank, n = world.Get_rank(), world.Get_size()
+    dtype = DTYPES[1]  # bfloat16
+    x, lse = rank_inputs(rank, 300, dtype, 64, HN * n)
+    ref, ref_lse, magnitude = expected(world, x, lse, True, False)
+    try:
+        import torch
+        have_torch = torch.cuda.is_available()
+    except ImportError:
+        have_torch = False
+    if have_torch:
+        tx = torch.from_numpy(x.view(np.int16).copy()).cuda().view(torch.bfloat16)
+        got, got_lse = cupy_dcp.dcp_a2a_lse_reduce(tx, torch.from_numpy(lse).cuda(), comm,
+                                                   return_lse=True)
+        torch.cuda.synchronize()
+        assert isinstance(got, cupy.ndarray), type(got)
+        check_rank_result(host(got, dtype), cupy.asnumpy(got_lse), ref, ref_lse, magnitude,
+                          f"rank {rank} torch inputs")
+    try:
+        import jax
+        gpus = jax.devices("gpu")
+    except Exception:  # no JAX, or JAX without a GPU
+        gpus = []
+    if gpus:
+        x32, lse32 = rank_inputs(rank, 301, np.dtype(np.float32), 64, HN * n)
+        ref, ref_lse, magnitude = expected(world, x32, lse32, True, False)
+        jx = jax.device_put(x32, gpus[0])
+        jl = jax.device_put(lse32, gpus[0])
+        got, got_lse = cupy_dcp.dcp_a2a_lse_reduce(jx, jl, comm, return_lse=True)
+        check_rank_result(cupy.asnumpy(got), cupy.asnumpy(got_lse), ref, ref_lse, magnitude,
+                          f"rank {rank} JAX inputs")
+    return have_torch, bool(gpus)
+
+
 def plan_cases(world, comm):
     import cupy
     rank, n = world.Get_rank(), world.Get_size()
@@ -136,11 +172,13 @@ def main(backend):
     world = MPI.COMM_WORLD
     comm = cupy_dcp.Communicator.from_mpi(world, backend=backend)
     functional_cases(world, comm)
+    torch_ran, jax_ran = interop_cases(world, comm)
     plan_cases(world, comm)
     if backend == "nccl":
         graph_cases(world, comm)
     world.Barrier()
-    print(f"rank {world.Get_rank()}/{world.Get_size()} GPU OK", flush=True)
+    print(f"rank {world.Get_rank()}/{world.Get_size()} GPU OK (torch inputs: {torch_ran}, "
+          f"JAX inputs: {jax_ran})", flush=True)
 
 
 if __name__ == "__main__":
