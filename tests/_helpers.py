@@ -98,7 +98,8 @@ def mpiexec_command(nprocs, *argv):
 def mpiexec_env(**extra):
     """The environment for mpiexec: root allowed, one Numba thread per rank."""
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")
+               NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1",
+               XLA_PYTHON_CLIENT_PREALLOCATE="false")  # ranks may share a GPU with JAX
     env.update(extra)
     return env
 
