@@ -32,6 +32,8 @@ class Communicator:
         timeout: seconds a host exchange or :meth:`synchronize` may take
             (``None``: no bound).
         last_operation: what the last device exchange was, for error messages.
+        cached_plans: the plans the functional API made (one per stream and
+            shape); they live until :meth:`free`.
 
     The NCCL id travels over MPI: the library opens no socket of its own.
     """
@@ -45,6 +47,7 @@ class Communicator:
         self._owned = owned
         self.timeout = timeout
         self.last_operation = None
+        self.cached_plans = {}  # the functional API's plans; released by free()
         self._abandoned = []
         self.backend = backend
         self.rank = mpi_comm.Get_rank()
@@ -85,7 +88,11 @@ class Communicator:
             raise TypeError(f"comm must be an mpi4py communicator (got {type(comm).__name__})")
         self = cls(comm.Dup(), backend, device, owned=True, timeout=timeout)
         if backend == "nccl":
-            self.nccl()
+            try:
+                self.nccl()
+            except BaseException:
+                self.free()
+                raise
         return self
 
     def prepare_device(self):
@@ -329,7 +336,10 @@ class Communicator:
         return self._nccl
 
     def free(self):
-        """Release the NCCL communicator and the MPI duplicate this object owns (collective)."""
+        """Release the cached plans, the NCCL communicator and the MPI duplicate this
+        object owns (collective). Graphs that captured a cached plan must not
+        replay afterwards."""
+        self.cached_plans.clear()
         if self._nccl is not None:
             self._nccl.destroy()
             self._nccl = None

@@ -21,7 +21,8 @@ from .layout import BFLOAT16, as_dtype, bits_dtype, lse_pack_dim
 from .kernels._arrays import as_cupy, cupy_stream, dummy_index, kernel_array, stream_ptr
 from .kernels._launch import DeviceArray
 from .kernels._rows import lanes_per_row
-from .kernels.agrs import correct_kernel, correct_launch, finish_kernel, finish_launch
+from .kernels.agrs import (correct_kernel, correct_launch, finish_kernel, finish_launch,
+                           mask_kernel, mask_launch)
 from .kernels.combine import combine_kernel, combine_kind, combine_launch
 from .kernels.pack import pack_kernel, pack_launch
 
@@ -76,6 +77,9 @@ class _Plan:
         with cupy.cuda.Device(comm.device):
             self._result = cupy.empty((max_tokens, self.local_heads, head_dim), dtype=dtype)
             self._result_lse = cupy.empty((max_tokens, self.local_heads), dtype=cupy.float32)
+            self._lse32 = cupy.empty((max_tokens, num_heads), dtype=cupy.float32)
+            self._seq = cupy.empty(max_tokens, dtype=cupy.int64)
+            self._qsl = cupy.empty(max_tokens + 1, dtype=cupy.int64)
             self._no_mask = dummy_index()
             self._allocate(cupy)
         self._views = {}
@@ -93,7 +97,13 @@ class _Plan:
             out: optional ``[B, H/N, D]`` result array, any strides.
             out_lse: optional ``[B, H/N]`` float32 array for the global LSE.
             seq_lens, query_start_loc: optional ``[S]``, ``[S+1]`` integer
-                device arrays marking empty and padding tokens.
+                device arrays marking empty and padding tokens (``S <=
+                max_tokens``).
+
+        A float32 LSE and contiguous int64 masks are read in place; other
+        dtypes or strides are converted, on ``stream``, into buffers the plan
+        owns. Calls of one plan must be ordered: on one stream, or
+        synchronised by the caller (they share the plan's buffers).
             stream: the stream of the whole call; ``None`` is CuPy's current
                 stream.
 
@@ -110,37 +120,75 @@ class _Plan:
         if B > self.max_tokens:
             raise ValueError(f"this plan takes at most {self.max_tokens} tokens (got B={B})")
         _checks.check_mask(seq_lens, query_start_loc)
-        if n == 1:
-            return self._identity(cp_attn_out, cp_attn_lse, out)
-        result = self._result[:B] if out is None else out
+        if seq_lens is not None and seq_lens.shape[0] > self.max_tokens:
+            raise ValueError(f"this plan takes at most {self.max_tokens} sequences "
+                             f"(got {seq_lens.shape[0]})")
         if out is not None:
             _checks.check_out(out, (B, self.local_heads, D), dtype)
+        if out_lse is not None:
+            _checks.check_out(out_lse, (B, self.local_heads), np.dtype(np.float32))
+        if n == 1:
+            return self._identity(cp_attn_out, cp_attn_lse, out, out_lse)
+        result = self._result[:B] if out is None else out
         result_lse = None
         if self.return_lse:
             result_lse = self._result_lse[:B] if out_lse is None else out_lse
-            if out_lse is not None:
-                _checks.check_out(out_lse, (B, self.local_heads), np.dtype(np.float32))
         if B > 0:
-            lse = cp_attn_lse
-            if as_dtype(lse.dtype) != np.float32:
-                lse = as_cupy(lse).astype(np.float32)
+            ptr = stream_ptr(stream)
+            lse, mask = self._stage_inputs(B, cp_attn_lse, seq_lens, query_start_loc, ptr)
             lse_arr = None if result_lse is None else kernel_array(result_lse, np.float32, "out_lse")
-            self._run(B, cp_attn_out, lse, seq_lens, query_start_loc,
-                      kernel_array(result, self._value, "out"), lse_arr, stream_ptr(stream))
+            self._run(B, cp_attn_out, lse, mask, kernel_array(result, self._value, "out"),
+                      lse_arr, ptr)
         return (result, result_lse) if self.return_lse else result
+
+    def _stage_inputs(self, tokens, lse, seq_lens, query_start_loc, ptr):
+        """The LSE as float32 and the masks as contiguous int64, on the call's stream.
+
+        Inputs that already are so are read in place; others are converted into
+        buffers the plan owns (so a captured graph reads them at fixed
+        addresses, and the conversion is captured with the call).
+        """
+        import cupy
+
+        lse_arr = None
+        if as_dtype(lse.dtype) == np.float32:
+            lse_arr = kernel_array(lse, np.float32, "cp_attn_lse")
+        mask = (self._no_mask, self._no_mask, -1)
+        if seq_lens is not None:
+            count = int(seq_lens.shape[0])
+            seq = kernel_array(seq_lens, as_dtype(seq_lens.dtype), "seq_lens")
+            qsl = kernel_array(query_start_loc, as_dtype(query_start_loc.dtype), "query_start_loc")
+            if not (_contiguous_int64(seq) and _contiguous_int64(qsl)):
+                with cupy_stream(ptr):
+                    cupy.copyto(self._seq[:count], as_cupy(seq_lens), casting="unsafe")
+                    cupy.copyto(self._qsl[:count + 1], as_cupy(query_start_loc), casting="unsafe")
+                seq = kernel_array(self._seq[:count], np.int64)
+                qsl = kernel_array(self._qsl[:count + 1], np.int64)
+            mask = (seq, qsl, count)
+        if lse_arr is None:
+            staged = self._lse32[:tokens]
+            with cupy_stream(ptr):
+                cupy.copyto(staged, as_cupy(lse), casting="unsafe")
+            lse_arr = kernel_array(staged, np.float32)
+        return lse_arr, mask
 
     def synchronize(self, stream=None, timeout=None):
         """Wait for this plan's work on ``stream``, within ``timeout`` seconds (see
         :meth:`Communicator.synchronize`): a stuck peer becomes a ``RuntimeError``."""
         self.comm.synchronize(stream, timeout)
 
-    def _identity(self, x, lse, out):
+    def _identity(self, x, lse, out, out_lse):
+        """A group of one returns its inputs (copied into ``out`` / ``out_lse`` when given)."""
         if out is not None:
             out[...] = as_cupy(x)
             x = out
         if not self.return_lse:
             return x
-        return x, as_cupy(lse).astype(np.float32, copy=False)
+        lse = as_cupy(lse).astype(np.float32, copy=False)
+        if out_lse is not None:
+            out_lse[...] = lse
+            lse = out_lse
+        return x, lse
 
 
 class DcpA2APlan(_Plan):
@@ -194,17 +242,11 @@ class DcpA2APlan(_Plan):
                                            _flat_view(self._recv, shape, self.bits), chunk)
         return views
 
-    def _run(self, tokens, x, lse, seq_lens, query_start_loc, result, result_lse, ptr):
+    def _run(self, tokens, x, lse, mask, result, result_lse, ptr):
         send, recv, chunk = self._buffers(tokens)
-        if seq_lens is None:
-            mask = (self._no_mask, self._no_mask, -1)
-        else:
-            mask = (kernel_array(_as_int64(seq_lens), np.int64, "seq_lens"),
-                    kernel_array(_as_int64(query_start_loc), np.int64, "query_start_loc"),
-                    int(seq_lens.shape[0]))
+        lse_bits = DeviceArray(lse.ptr, lse.shape, lse.strides, np.uint32, lse.owner)
         kernel, grid, block, args = pack_launch(
-            kernel_array(x, self.bits, "cp_attn_out"), kernel_array(lse, np.uint32, "cp_attn_lse"),
-            *mask, send, recv, self.comm.rank)
+            kernel_array(x, self.bits, "cp_attn_out"), lse_bits, *mask, send, recv, self.comm.rank)
         kernel(grid, block, ptr, args)
         self.comm.alltoall_device(send.ptr, recv.ptr, chunk, ptr)
         kernel, grid, block, args = combine_launch(self.dtype, recv, result, result_lse, self.base_e)
@@ -235,6 +277,7 @@ class DcpAgRsPlan(_Plan):
         group = lanes_per_row(self.head_dim)
         correct_kernel(self.dtype, group)
         finish_kernel(self.dtype, group)
+        mask_kernel(lanes_per_row(self.num_heads, 1))
 
     def _buffers(self, tokens):
         views = self._views.get(tokens)
@@ -246,17 +289,13 @@ class DcpAgRsPlan(_Plan):
                 _flat_view(self._summed, (tokens, hn, D), np.float32))
         return views
 
-    def _run(self, tokens, x, lse, seq_lens, query_start_loc, result, result_lse, ptr):
-        import cupy
-
+    def _run(self, tokens, x, lse, mask, result, result_lse, ptr):
         lses, corrected, summed = self._buffers(tokens)
         count = tokens * self.num_heads
-        lse_in = self._lse_in[:count].reshape(tokens, self.num_heads)
-        with cupy_stream(ptr):
-            lse_in[...] = as_cupy(lse)  # contiguous, and a private copy to mask
-            if seq_lens is not None:
-                _mask_lse(cupy, lse_in, as_cupy(seq_lens), as_cupy(query_start_loc))
-        self.comm.allgather_device(lse_in.data.ptr, lses.ptr, count, ptr)
+        lse_in = _flat_view(self._lse_in, (tokens, self.num_heads), np.float32)
+        kernel, grid, block, args = mask_launch(lse, *mask, lse_in)  # a private, masked copy
+        kernel(grid, block, ptr, args)
+        self.comm.allgather_device(lse_in.ptr, lses.ptr, count, ptr)
         kernel, grid, block, args = correct_launch(
             self.dtype, kernel_array(x, self._value, "cp_attn_out"), lses, self.comm.rank,
             self.base_e, corrected)
@@ -267,20 +306,13 @@ class DcpAgRsPlan(_Plan):
         kernel(grid, block, ptr, args)
 
 
-def _mask_lse(cupy, lse, seq_lens, query_start_loc):
-    """Set the LSE ``[B, H]`` of empty and padding tokens to -inf (CuPy, on the current stream)."""
-    tokens = cupy.arange(lse.shape[0])
-    seq = cupy.clip(cupy.searchsorted(query_start_loc, tokens, side="right") - 1, 0,
-                    seq_lens.shape[0] - 1)
-    empty = ((tokens < query_start_loc[0]) | (tokens >= query_start_loc[-1])
-             | (seq_lens[seq] <= 0))
-    lse[empty] = -np.inf
-
-
 def _check_plan_args(world_size, max_tokens, num_heads, head_dim, dtype):
     """Validate a plan's sizes and dtype; return the dtype as NumPy's."""
-    dtype = as_dtype(dtype)
-    lse_pack_dim(dtype)
+    try:
+        dtype = as_dtype(dtype)
+        lse_pack_dim(dtype)
+    except (TypeError, ValueError):
+        raise TypeError(f"dtype must be float16, bfloat16 or float32 (got {dtype!r})") from None
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1 (got {max_tokens})")
     if head_dim < 1:
@@ -291,7 +323,5 @@ def _check_plan_args(world_size, max_tokens, num_heads, head_dim, dtype):
     return dtype
 
 
-def _as_int64(x):
-    if as_dtype(x.dtype) == np.int64:
-        return x
-    return as_cupy(x).astype(np.int64)
+def _contiguous_int64(arr):
+    return arr.dtype == np.int64 and (arr.shape[0] <= 1 or arr.strides[0] == 8)

@@ -36,8 +36,9 @@ def dcp_a2a_lse_reduce(cp_attn_out, cp_attn_lse, comm, return_lse=False,
         seq_lens: optional ``[S]`` integers, this rank's KV length of each
             sequence; a sequence of length 0 contributes nothing.
         query_start_loc: ``[S+1]`` integers, the first token of each sequence;
-            tokens at or past ``query_start_loc[-1]`` are padding and contribute
-            nothing. Given together with ``seq_lens``.
+            tokens before ``query_start_loc[0]`` or at or past
+            ``query_start_loc[-1]`` are padding and contribute nothing. Given
+            together with ``seq_lens``.
         stream: device arrays only: the stream of the whole call (pack,
             exchange, combine); ``None`` is CuPy's current stream. The call
             never synchronises the host.
@@ -173,28 +174,29 @@ def _ag_rs_host(x, lse32, comm, base_e, seq_lens, query_start_loc, dtype):
     return round_from_float64(summed, dtype), global_lse.astype(np.float32)
 
 
-_PLANS = {}
-_RETIRED = []  # outgrown plans: a CUDA graph may still replay on their buffers
-
-
 def _reduce_device(strategy, x, lse, comm, return_lse, base_e, out, seq_lens, query_start_loc,
                    stream, result_shape, dtype):
     import cupy
 
+    from .kernels._arrays import stream_ptr
     from .plan import DcpA2APlan, DcpAgRsPlan
 
     B, hn, D = result_shape
     H = hn * comm.world_size
-    key = (id(comm), strategy, H, D, dtype, bool(return_lse), bool(base_e))
-    plan = _PLANS.get(key)
+    ptr = stream_ptr(stream)
+    # One cached plan per stream: calls on one stream are ordered, so they may
+    # share buffers; calls on two streams must not.
+    key = (ptr, strategy, H, D, dtype, bool(return_lse), bool(base_e))
+    plans = comm.cached_plans
+    plan = plans.get(key)
     if plan is None or plan.max_tokens < B:
-        if plan is not None:
-            _RETIRED.append(plan)
+        if plan is not None:  # a CUDA graph may still replay on its buffers: keep it
+            plans.setdefault("retired", []).append(plan)
         size = 1 << max(B - 1, 0).bit_length()  # grow in powers of two
         kind = DcpA2APlan if strategy == "a2a" else DcpAgRsPlan
-        plan = _PLANS[key] = kind(comm, max(size, 1), H, D, dtype, return_lse, base_e)
+        plan = plans[key] = kind(comm, max(size, 1), H, D, dtype, return_lse, base_e)
     with cupy.cuda.Device(comm.device):
         result = cupy.empty(result_shape, dtype=dtype) if out is None else out
         result_lse = cupy.empty((B, hn), dtype=cupy.float32) if return_lse else None
     return plan(x, lse, out=result, out_lse=result_lse, seq_lens=seq_lens,
-                query_start_loc=query_start_loc, stream=stream)
+                query_start_loc=query_start_loc, stream=ptr)

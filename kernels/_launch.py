@@ -35,6 +35,22 @@ class DeviceArray:
         self.ptr, self.shape, self.strides = ptr, tuple(shape), tuple(strides)
         self.dtype, self.owner = np.dtype(dtype), owner
 
+    def is_c_contiguous(self):
+        """Do the strides describe a C-contiguous array (size-1 axes excepted)?"""
+        step = self.dtype.itemsize
+        for extent, stride in zip(reversed(self.shape), reversed(self.strides)):
+            if extent > 1 and stride != step:
+                return False
+            step *= extent
+        return True
+
+    def require_c_contiguous(self, name):
+        """Raise unless C-contiguous: kernels compiled for C arrays ignore strides."""
+        if not self.is_c_contiguous():
+            raise ValueError(f"{name} must be C-contiguous (got strides {self.strides} "
+                             f"for shape {self.shape} of {self.dtype})")
+        return self
+
     @property
     def size(self):
         n = 1

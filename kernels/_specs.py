@@ -26,25 +26,33 @@ def _dtype(x, name):
     return dt
 
 
-def _convert(x, dtype):
-    """``x`` as ``dtype`` on its device: a no-op when it already is."""
-    if as_dtype(x.dtype) == dtype:
+def _convert(x, dtype, stream_ptr, contiguous=False):
+    """``x`` as ``dtype`` (and C-contiguous if asked), converted on ``stream_ptr``
+    into a temporary; a no-op when it already is so."""
+    if as_dtype(x.dtype) == dtype and not (contiguous and not _is_c_contiguous(x)):
         return x
     if config.ENABLE_CUDASIM:
-        return np.asarray(x).astype(dtype)
+        return np.ascontiguousarray(np.asarray(x), dtype=dtype)
     try:
-        from ._arrays import as_cupy
-        return as_cupy(x).astype(dtype)
+        import cupy
     except ImportError:
         raise RuntimeError(f"converting a {x.dtype} array to {dtype} on the GPU needs CuPy") from None
+    from ._arrays import as_cupy, cupy_stream
+    with cupy_stream(stream_ptr):
+        return cupy.ascontiguousarray(as_cupy(x), dtype=dtype)
+
+
+def _is_c_contiguous(x):
+    from ._arrays import kernel_array
+    return kernel_array(x, as_dtype(x.dtype)).is_c_contiguous()
 
 
 def _spec(dtype, tokens, heads, head_dim, world_size):
     return SimpleNamespace(
         dtype=dtype, bits=bits_dtype(dtype), tokens=tokens, heads=heads, head_dim=head_dim,
         world_size=world_size, pack_dim=lse_pack_dim(dtype),
-        lse_as_float32=lambda x: _convert(x, np.dtype(np.float32)),
-        index_as_int64=lambda x: _convert(x, np.dtype(np.int64)))
+        lse_as_float32=lambda x, ptr: _convert(x, np.dtype(np.float32), ptr),
+        index_as_int64=lambda x, ptr: _convert(x, np.dtype(np.int64), ptr, contiguous=True))
 
 
 def _check_buffer(buf, name, shape, dtype):
@@ -55,7 +63,7 @@ def _check_buffer(buf, name, shape, dtype):
         raise TypeError(f"{name} must have dtype {dtype} (got {buf.dtype})")
 
 
-def check_pack_args(out, lse, send, seq_lens=None, query_start_loc=None):
+def check_pack_args(out, lse, send, seq_lens=None, query_start_loc=None, recv=None):
     """Check the arguments of ``pack_send``; return their sizes and dtype."""
     if len(out.shape) != 3:
         raise ValueError(f"out must be [B, H, D] (got shape {_shape(out)})")
@@ -73,6 +81,8 @@ def check_pack_args(out, lse, send, seq_lens=None, query_start_loc=None):
     if H % n:
         raise ValueError(f"num_heads must be divisible by world_size (got H={H}, N={n})")
     _check_buffer(send, "send", (n, B, H // n, D + lse_pack_dim(dtype)), dtype)
+    if recv is not None:
+        _check_buffer(recv, "recv", _shape(send), dtype)
     if (seq_lens is None) != (query_start_loc is None):
         raise ValueError("seq_lens and query_start_loc must be given together")
     if seq_lens is not None and _shape(query_start_loc) != (_shape(seq_lens)[0] + 1,):

@@ -21,7 +21,8 @@ from ._launch import DeviceArray, SpecializedKernel, array_type
 from ._rows import UNROLL, WARP, lanes_per_row, row_cursor, row_grid
 from .combine import _codecs, combine_kind
 
-__all__ = ["agrs_correct", "agrs_finish", "correct_launch", "finish_launch"]
+__all__ = ["agrs_correct", "agrs_finish", "correct_kernel", "correct_launch", "finish_kernel",
+           "finish_launch", "mask_kernel", "mask_launch"]
 
 
 def _row_weights(f):
@@ -124,6 +125,53 @@ def _finish_kernel(kind, group):
 
 
 @functools.cache
+def _mask_kernel(group):
+    row_is_empty = device_functions()["row_is_empty"]
+    neg_inf = np.float32(-np.inf)
+    u64 = np.uint64
+    u_group = u64(group)
+    cursor = row_cursor()
+
+    @cuda.jit
+    def mask(lse, seq_lens, query_start_loc, num_seqs, out):
+        # lse [B, H] f32 (any strides) -> out [B, H] f32: a copy, -inf on empty tokens
+        b_count = u64(lse.shape[0])
+        heads = u64(lse.shape[1])
+        lane, row, row_step = cursor(u_group)
+        while row < b_count:
+            empty = row_is_empty(np.int64(row), seq_lens, query_start_loc, num_seqs)
+            src = lse[row]
+            dst = out[row]
+            h = lane
+            while h < heads:
+                dst[h] = neg_inf if empty else src[h]
+                h += u_group
+            row += row_step
+
+    return mask
+
+
+@functools.cache
+def mask_kernel(group):
+    """The LSE masking copy, specialised for ``group`` lanes per token."""
+    i64 = types.int64
+    return SpecializedKernel(_mask_kernel(group), (
+        array_type(np.float32, 2, False), array_type(np.int64, 1, True),
+        array_type(np.int64, 1, True), i64, array_type(np.float32, 2, True)))
+
+
+def mask_launch(lse, seq_lens, query_start_loc, num_seqs, out):
+    """``(kernel, grid, block, args)``: copy ``lse [B, H]`` float32 into ``out [B, H]``
+    (C-contiguous), with -inf for the tokens the mask marks empty."""
+    out.require_c_contiguous("out")
+    seq_lens.require_c_contiguous("seq_lens")
+    query_start_loc.require_c_contiguous("query_start_loc")
+    group = lanes_per_row(lse.shape[1], 1)
+    grid, block = row_grid(lse.shape[0], group)
+    return mask_kernel(group), grid, block, (lse, seq_lens, query_start_loc, int(num_seqs), out)
+
+
+@functools.cache
 def correct_kernel(dtype, group):
     kind, value = combine_kind(dtype)
     i64 = types.int64
@@ -144,6 +192,12 @@ def finish_kernel(dtype, group):
 def correct_launch(dtype, data, lses, self_rank, is_lse_base_on_e, corrected):
     """``(kernel, grid, block, args)``: ``data [B, H, D]`` (seen as the kind's values),
     gathered ``lses [N, B, H]`` float32 -> ``corrected [N, B, H/N, D]`` float32."""
+    lses.require_c_contiguous("lses")
+    corrected.require_c_contiguous("corrected")
+    n, b, h = lses.shape
+    if (b, h) != tuple(data.shape[:2]) or corrected.shape != (n, b, h // n, data.shape[2]):
+        raise ValueError(f"lses must be [N, B, H] and corrected [N, B, H/N, D] for data "
+                         f"{tuple(data.shape)} (got {lses.shape} and {corrected.shape})")
     group = lanes_per_row(data.shape[2])
     grid, block = row_grid(data.shape[0] * data.shape[1], group)
     return correct_kernel(dtype, group), grid, block, (
@@ -153,7 +207,15 @@ def correct_launch(dtype, data, lses, self_rank, is_lse_base_on_e, corrected):
 def finish_launch(dtype, summed, lses, self_rank, is_lse_base_on_e, out, out_lse=None):
     """``(kernel, grid, block, args)``: ``summed [B, H/N, D]`` float32 -> ``out`` (seen as
     the kind's values, any strides), and the global LSE into ``out_lse`` if given."""
+    summed.require_c_contiguous("summed")
+    lses.require_c_contiguous("lses")
+    if tuple(out.shape) != tuple(summed.shape) or lses.shape[1] != summed.shape[0] or \
+            lses.shape[2] != lses.shape[0] * summed.shape[1]:
+        raise ValueError(f"summed and out must be [B, H/N, D] and lses [N, B, H] "
+                         f"(got {summed.shape}, {out.shape} and {lses.shape})")
     write_lse = out_lse is not None
+    if write_lse and tuple(out_lse.shape) != tuple(summed.shape[:2]):
+        raise ValueError(f"out_lse must be [B, H/N] = {summed.shape[:2]} (got {out_lse.shape})")
     if not write_lse:  # never written: a placeholder of the right type
         out_lse = DeviceArray(out.ptr, (0, 0), (4, 4), np.float32, out.owner)
     group = lanes_per_row(summed.shape[2])

@@ -19,6 +19,7 @@ from numba import cuda, float32, uint32
 
 from numba.core import types
 
+from ..layout import BFLOAT16
 from ._arrays import kernel_array, stream_ptr
 from ._device import device_functions
 from ._launch import DeviceArray, SpecializedKernel, array_type
@@ -203,6 +204,8 @@ def combine_kind(dtype, pairs=False):
         return _F32, dtype
     if dtype == np.float16:
         return _F16, dtype
+    if dtype != BFLOAT16:
+        raise TypeError(f"output dtype must be float16, bfloat16 or float32 (got {dtype})")
     if pairs:
         return _BF16X2, np.dtype(np.uint32)
     return _BF16, np.dtype(np.uint16)
@@ -251,6 +254,7 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e):
     ``out_lse``; bfloat16 goes in pairs (uint32 words) where both buffers allow it.
     """
     kind, value = combine_kind(dtype)
+    recv_bits.require_c_contiguous("recv")
     recv_vals = DeviceArray(recv_bits.ptr, recv_bits.shape, recv_bits.strides, value, recv_bits.owner)
     if kind == _BF16:
         recv_words, out_words = recv_bits.as_words(), out.as_words()

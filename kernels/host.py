@@ -12,7 +12,7 @@ from numba import njit, prange
 
 from ._math import NEG_INF_BITS, build_mask, build_math
 
-__all__ = ["combine_host", "pack_host"]
+__all__ = ["agrs_correct_host", "agrs_lse_host", "combine_host", "mask_lse_host", "pack_host"]
 
 _EMPTY_INDEX = np.zeros(1, dtype=np.int64)
 

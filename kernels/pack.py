@@ -99,28 +99,34 @@ def pack_send(out, lse, send, stream=None, seq_lens=None, query_start_loc=None,
     Args:
         out: ``[B, H, D]`` float16, bfloat16 or float32 device array, any
             strides; the partial attention output for all H heads.
-        lse: ``[B, H]`` float32 device array (another float dtype is converted
-            first, which needs CuPy); the LSE of each (token, head).
+        lse: ``[B, H]`` float32 device array, any strides (another float dtype
+            is first converted on ``stream`` into a temporary, which needs CuPy:
+            to capture a call in a CUDA graph, pass float32, or use a plan).
         send: ``[N, B, H/N, D + P]`` device array of ``out``'s dtype (or its
             unsigned-integer twin), C-contiguous; written.
+        recv, self_rank: optional receive buffer shaped like ``send``
+            (C-contiguous) and this rank's index: chunk ``self_rank`` is written
+            straight to ``recv[self_rank]`` (it never needs to cross the
+            exchange) instead of ``send[self_rank]``.
         stream: the stream to run on; ``None`` is CuPy's current stream.
         seq_lens, query_start_loc: optional ``[S]`` and ``[S+1]`` integer device
-            arrays; tokens of sequences with no KV here, and padding tokens at
-            or past ``query_start_loc[-1]``, get LSE -inf.
-        recv, self_rank: with a receive buffer shaped like ``send``, chunk
-            ``self_rank`` is written straight to ``recv[self_rank]`` (it never
-            needs to cross the exchange) instead of ``send[self_rank]``.
+            arrays; tokens of sequences with no KV here, and padding tokens
+            (before ``query_start_loc[0]`` or at or past ``query_start_loc[-1]``),
+            get LSE -inf. Other than contiguous int64, they are converted into
+            temporaries first, as ``lse`` is.
     """
-    spec = check_pack_args(out, lse, send, seq_lens, query_start_loc)
+    spec = check_pack_args(out, lse, send, seq_lens, query_start_loc, recv)
     if spec.tokens == 0:
         return
-    lse = spec.lse_as_float32(lse)
+    ptr = stream_ptr(stream)
+    lse = spec.lse_as_float32(lse, ptr)
     if seq_lens is None:
         seq_arr = qsl_arr = dummy_index()
         num_seqs = -1
     else:
-        seq_arr = kernel_array(spec.index_as_int64(seq_lens), np.int64, "seq_lens")
-        qsl_arr = kernel_array(spec.index_as_int64(query_start_loc), np.int64, "query_start_loc")
+        seq_arr = kernel_array(spec.index_as_int64(seq_lens, ptr), np.int64, "seq_lens")
+        qsl_arr = kernel_array(spec.index_as_int64(query_start_loc, ptr), np.int64,
+                               "query_start_loc")
         num_seqs = int(seq_lens.shape[0])
     send_arr = kernel_array(send, spec.bits, "send")
     recv_arr = send_arr if recv is None else kernel_array(recv, spec.bits, "recv")
@@ -129,13 +135,17 @@ def pack_send(out, lse, send, stream=None, seq_lens=None, query_start_loc=None,
     kernel, grid, block, args = pack_launch(
         kernel_array(out, spec.bits, "out"), kernel_array(lse, np.uint32, "lse"),
         seq_arr, qsl_arr, num_seqs, send_arr, recv_arr, self_rank)
-    kernel(grid, block, stream_ptr(stream), args)
+    kernel(grid, block, ptr, args)
 
 
 def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank):
     """``(kernel, grid, block, args)`` of one pack: :class:`DeviceArray` arguments in,
     moved as uint32 words where the 16-bit data and both buffers allow it (the
     LSE's two lanes are then one word)."""
+    send.require_c_contiguous("send")
+    recv.require_c_contiguous("recv")
+    seq_lens.require_c_contiguous("seq_lens")
+    query_start_loc.require_c_contiguous("query_start_loc")
     if data.dtype.itemsize == 2:
         words = data.as_words(), send.as_words(), recv.as_words()
         if None not in words:

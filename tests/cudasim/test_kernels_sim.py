@@ -75,3 +75,24 @@ def test_agrs_kernels_match_reference(dtype, shape, base_e):
 def test_combine_rounds_to_nearest_even(dtype, d):
     from kernel_checks import check_combine_rounds_to_nearest_even
     check_combine_rounds_to_nearest_even(ident, host, dtype, 3, 2, d, np.random.default_rng(d))
+
+
+def test_mask_kernel_copies_the_lse_with_empty_tokens_at_minus_inf():
+    """The AG+RS masking copy: strided input, sequences without KV, padding on both ends."""
+    from _helpers import row_mask
+    from cupy_dcp.kernels._arrays import kernel_array
+    from cupy_dcp.kernels.agrs import mask_launch
+
+    rng = np.random.default_rng(5)
+    lse = rng.standard_normal((6, 12)).astype(np.float32).T.copy().T  # a strided [B, H] view
+    seq_lens = np.array([3, 0, 2], dtype=np.int64)
+    query_start_loc = np.array([1, 2, 4, 5], dtype=np.int64)  # token 0 and 5 are padding
+    out = np.full((6, 12), 7.0, dtype=np.float32)
+    kernel, grid, block, args = mask_launch(
+        kernel_array(lse, np.float32), kernel_array(seq_lens, np.int64),
+        kernel_array(query_start_loc, np.int64), 3, kernel_array(out, np.float32))
+    kernel(grid, block, 0, args)
+    empty = row_mask(6, seq_lens, query_start_loc) | (np.arange(6) < 1) | (np.arange(6) >= 5)
+    assert empty.tolist() == [True, False, True, True, False, True]
+    np.testing.assert_array_equal(out[~empty], lse[~empty])
+    assert np.isneginf(out[empty]).all()
