@@ -11,7 +11,7 @@ import sys
 import ml_dtypes
 import numpy as np
 
-__all__ = ["assert_lse_close", "assert_output_close", "check_rank_result", "mpiexec_command", "mpiexec_env",
+__all__ = ["run_or_abort", "assert_lse_close", "assert_output_close", "check_rank_result", "mpiexec_command", "mpiexec_env",
            "random_rank_inputs", "row_mask", "row_scale", "ulp"]
 
 LSE_RTOL = 1e-5
@@ -143,3 +143,17 @@ def random_rank_inputs(rng, shape, dtype, regime="spread", p_bad=0.1):
     poison = bad & (rng.random((B, H)) < 0.5)
     x[poison] = np.where(rng.random() < 0.5, np.nan, np.inf)
     return x, lse
+
+
+def run_or_abort(main, *args):
+    """Run an mpirun worker's ``main``: any exception prints its traceback and aborts
+    the whole job, so that no rank is left waiting in a collective."""
+    try:
+        main(*args)
+    except BaseException:
+        import traceback
+
+        from mpi4py import MPI
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)

@@ -16,13 +16,12 @@ failure aborts the job; on success each rank prints ``rank {r}/{n} GPU OK``.
 
 import itertools
 import sys
-import traceback
 
 import numpy as np
 from mpi4py import MPI
 
 import cupy_dcp
-from _helpers import assert_lse_close, row_mask, ulp
+from _helpers import assert_lse_close, row_mask, run_or_abort, ulp
 from mpi_reduce_worker import B, DTYPES, HN, QUERY_START_LOC, rank_inputs, seq_lens_of
 
 
@@ -182,9 +181,4 @@ def main(backend):
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1] if len(sys.argv) > 1 else "nccl")
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
+    run_or_abort(main, sys.argv[1] if len(sys.argv) > 1 else "nccl")

@@ -16,13 +16,12 @@ use) there are no graph replays: that transport cannot be captured.
 import os
 import sys
 import time
-import traceback
 
 import numpy as np
 from mpi4py import MPI
 
 import cupy_dcp
-from _helpers import ulp
+from _helpers import run_or_abort, ulp
 
 CHECK_EVERY = 5000
 B, HN, D = 32, 16, 128
@@ -111,11 +110,6 @@ def main(replays, eager_calls, backend):
 
 
 if __name__ == "__main__":
-    try:
-        counts = [int(a) for a in sys.argv[1:3]]
-        counts += [100_000, 100_000][len(counts):]
-        main(*counts, sys.argv[3] if len(sys.argv) > 3 else "nccl")
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
+    counts = [int(a) for a in sys.argv[1:3]]
+    counts += [100_000, 100_000][len(counts):]
+    run_or_abort(main, *counts, sys.argv[3] if len(sys.argv) > 3 else "nccl")

@@ -15,13 +15,12 @@ rank k raises before the first reduce (to test that the job aborts, not hangs).
 import itertools
 import os
 import sys
-import traceback
 
 import numpy as np
 from mpi4py import MPI
 
 import cupy_dcp
-from _helpers import check_rank_result, random_rank_inputs, row_mask, row_scale
+from _helpers import check_rank_result, random_rank_inputs, row_mask, row_scale, run_or_abort
 from cupy_dcp.layout import BFLOAT16, bits_dtype
 
 DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
@@ -113,9 +112,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
+    run_or_abort(main)

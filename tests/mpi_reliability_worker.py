@@ -14,12 +14,12 @@ Each rank prints ``rank {r} {scenario} OK: ...``; anything else aborts the job.
 
 import sys
 import time
-import traceback
 
 import numpy as np
 from mpi4py import MPI
 
 import cupy_dcp
+from _helpers import run_or_abort
 
 
 def inputs(tokens, heads=4, head_dim=8):
@@ -75,9 +75,4 @@ def main(scenario):
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1])
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
+    run_or_abort(main, sys.argv[1])

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-import cupy_dcp
 from cupy_dcp import Communicator, dcp_a2a_lse_reduce
 from cupy_dcp.layout import BFLOAT16
 
