@@ -1,6 +1,6 @@
 """Validation at the public boundary: every check runs before anything is exchanged."""
 
-from .layout import BFLOAT16, SUPPORTED_DTYPES, as_dtype
+from .layout import BFLOAT16, SUPPORTED_DTYPES, as_dtype, check_heads
 
 __all__ = ["check_inputs", "check_mask", "check_out", "lse_float32_dtype"]
 
@@ -35,9 +35,7 @@ def check_inputs(out, lse, world_size):
     if _shape(lse) != (B, H):
         raise ValueError(f"cp_attn_lse must be [B, H] = {(B, H)} (got shape {_shape(lse)})")
     lse_float32_dtype(lse.dtype)
-    if H % world_size:
-        raise ValueError(
-            f"num_heads must be divisible by world_size (got H={H}, N={world_size})")
+    check_heads(H, world_size)
     return B, H, D, dtype
 
 

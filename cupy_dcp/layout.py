@@ -15,6 +15,8 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "as_dtype",
     "bits_dtype",
+    "c_strides",
+    "check_heads",
     "lse_pack_dim",
     "round_from_float64",
     "send_buffer_shape",
@@ -77,11 +79,26 @@ def bits_dtype(dtype):
     return np.dtype(np.uint16) if as_dtype(dtype).itemsize == 2 else np.dtype(np.uint32)
 
 
-def send_buffer_shape(world_size, num_tokens, num_heads, head_dim, dtype):
-    """Shape ``(N, B, H/N, D + P)`` of the packed send (and receive) buffer."""
+def check_heads(num_heads, world_size):
+    """Every rank keeps ``H/N`` heads: ``ValueError`` naming H and N unless N divides H."""
     if num_heads % world_size:
         raise ValueError(
             f"num_heads must be divisible by world_size (got H={num_heads}, N={world_size})")
+    return num_heads // world_size
+
+
+def c_strides(shape, itemsize):
+    """Byte strides of a C-contiguous array of ``shape``."""
+    strides, step = [], itemsize
+    for extent in reversed(shape):
+        strides.insert(0, step)
+        step *= extent
+    return tuple(strides)
+
+
+def send_buffer_shape(world_size, num_tokens, num_heads, head_dim, dtype):
+    """Shape ``(N, B, H/N, D + P)`` of the packed send (and receive) buffer."""
+    check_heads(num_heads, world_size)
     return (world_size, num_tokens, num_heads // world_size,
             head_dim + lse_pack_dim(dtype))
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _checks
 from .comm import as_communicator
-from .layout import BFLOAT16, as_dtype, bits_dtype, lse_pack_dim
+from .layout import BFLOAT16, as_dtype, bits_dtype, c_strides, check_heads, lse_pack_dim
 from .kernels._arrays import as_cupy, cupy_stream, dummy_index, kernel_array, stream_ptr
 from .kernels._launch import DeviceArray
 from .kernels._rows import lanes_per_row
@@ -29,18 +29,10 @@ from .kernels.pack import pack_kernel, pack_launch
 __all__ = ["DcpA2APlan", "DcpAgRsPlan"]
 
 
-def _c_strides(shape, itemsize):
-    strides, step = [], itemsize
-    for extent in reversed(shape):
-        strides.insert(0, step)
-        step *= extent
-    return tuple(strides)
-
-
 def _flat_view(buffer, shape, dtype):
     """A C-contiguous :class:`DeviceArray` of ``shape`` at the start of a CuPy ``buffer``."""
     dtype = np.dtype(dtype)
-    return DeviceArray(buffer.data.ptr, shape, _c_strides(shape, dtype.itemsize), dtype, buffer)
+    return DeviceArray(buffer.data.ptr, shape, c_strides(shape, dtype.itemsize), dtype, buffer)
 
 
 class _Plan:
@@ -317,9 +309,7 @@ def _check_plan_args(world_size, max_tokens, num_heads, head_dim, dtype):
         raise ValueError(f"max_tokens must be >= 1 (got {max_tokens})")
     if head_dim < 1:
         raise ValueError(f"head_dim must be >= 1 (got {head_dim})")
-    if num_heads % world_size:
-        raise ValueError(
-            f"num_heads must be divisible by world_size (got H={num_heads}, N={world_size})")
+    check_heads(num_heads, world_size)
     return dtype
 
 

@@ -6,7 +6,7 @@ DESIGN.md in float64 on host arrays, with no attempt at speed.
 
 import numpy as np
 
-from .layout import as_dtype, bits_dtype, lse_pack_dim
+from .layout import as_dtype, bits_dtype, check_heads, lse_pack_dim
 
 __all__ = ["lse_weighted_combine", "pack_reference", "unpack_reference"]
 
@@ -88,8 +88,7 @@ def pack_reference(out, lse, world_size, mask=None):
     """
     out = np.asarray(out)
     B, H, D = out.shape
-    if H % world_size:
-        raise ValueError(f"num_heads must be divisible by world_size (got H={H}, N={world_size})")
+    check_heads(H, world_size)
     pack_dim = lse_pack_dim(out.dtype)
     ubits = bits_dtype(out.dtype)
     lse_bits = np.ascontiguousarray(np.asarray(lse, dtype=np.float32)).view(np.uint32).copy()

@@ -11,6 +11,7 @@ arrays stand for device arrays.
 import numpy as np
 from numba import config, cuda
 
+from ..layout import c_strides
 from ._launch import DeviceArray
 
 __all__ = ["as_cupy", "cupy_stream", "dummy_index", "kernel_array", "stream_ptr"]
@@ -80,10 +81,7 @@ def kernel_array(obj, dtype, name="array"):
     shape = tuple(int(s) for s in desc["shape"])
     strides = desc.get("strides")
     if strides is None:  # C-contiguous, by the CAI's convention
-        strides, step = [], dtype.itemsize
-        for extent in reversed(shape):
-            strides.insert(0, step)
-            step *= extent
+        strides = c_strides(shape, dtype.itemsize)
     return DeviceArray(int(desc["data"][0]), shape, tuple(int(s) for s in strides), dtype, obj)
 
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 from numba import config
 
-from ..layout import SUPPORTED_DTYPES, as_dtype, bits_dtype, lse_pack_dim
+from ..layout import SUPPORTED_DTYPES, as_dtype, bits_dtype, check_heads, lse_pack_dim
 
 __all__ = ["check_combine_args", "check_pack_args"]
 
@@ -78,8 +78,7 @@ def check_pack_args(out, lse, send, seq_lens=None, query_start_loc=None, recv=No
     if len(send.shape) != 4 or send.shape[0] < 1:
         raise ValueError(f"send must be [N, B, H/N, D+P] (got shape {_shape(send)})")
     n = int(send.shape[0])
-    if H % n:
-        raise ValueError(f"num_heads must be divisible by world_size (got H={H}, N={n})")
+    check_heads(H, n)
     _check_buffer(send, "send", (n, B, H // n, D + lse_pack_dim(dtype)), dtype)
     if recv is not None:
         _check_buffer(recv, "recv", _shape(send), dtype)
