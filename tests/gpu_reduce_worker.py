@@ -21,17 +21,13 @@ import numpy as np
 from mpi4py import MPI
 
 import cupy_dcp
-from _helpers import assert_lse_close, row_mask, run_or_abort, ulp
-from mpi_reduce_worker import B, DTYPES, HN, QUERY_START_LOC, rank_inputs, seq_lens_of
+from _helpers import assert_lse_close, run_or_abort, ulp
+from mpi_reduce_worker import B, DTYPES, HN, QUERY_START_LOC, gathered, rank_inputs, seq_lens_of
 
 
 def expected(world, x, lse, base_e, masked):
-    rank, n = world.Get_rank(), world.Get_size()
-    xs = np.stack(world.allgather(x))
-    lses = np.stack(world.allgather(lse))
-    if masked:
-        for k in range(n):
-            lses[k, row_mask(B, seq_lens_of(k), QUERY_START_LOC)] = -np.inf
+    rank = world.Get_rank()
+    xs, lses = gathered(world, x, lse, masked)
     with np.errstate(invalid="ignore"):
         ref, ref_lse = cupy_dcp.lse_weighted_combine(
             xs.astype(np.float64), lses, return_lse=True, is_lse_base_on_e=base_e)

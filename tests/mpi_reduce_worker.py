@@ -47,6 +47,16 @@ def rank_inputs(rank, case, dtype, D, H):
     return x, lse
 
 
+def gathered(world, x, lse, masked):
+    """Every rank's inputs ``xs [N, B, H, D]``, ``lses [N, B, H]``; masked rows at -inf."""
+    xs = np.stack(world.allgather(x))
+    lses = np.stack(world.allgather(lse))
+    if masked:
+        for k in range(world.Get_size()):
+            lses[k, row_mask(B, seq_lens_of(k), QUERY_START_LOC)] = -np.inf
+    return xs, lses
+
+
 def check_case(world, comm, case, dtype, base_e, return_lse, masked, strided_out):
     rank, n = world.Get_rank(), world.Get_size()
     D = (5, 72)[(case // 3) % 2]
@@ -81,11 +91,7 @@ def check_case(world, comm, case, dtype, base_e, return_lse, masked, strided_out
             np.testing.assert_array_equal(got_lse, lse, err_msg=where)
         return
 
-    xs = np.stack(world.allgather(x))
-    lses = np.stack(world.allgather(lse))
-    if masked:
-        for k in range(n):
-            lses[k, row_mask(B, seq_lens_of(k), QUERY_START_LOC)] = -np.inf
+    xs, lses = gathered(world, x, lse, masked)
     with np.errstate(invalid="ignore"):
         ref, ref_lse = cupy_dcp.lse_weighted_combine(
             xs.astype(np.float64), lses, return_lse=True, is_lse_base_on_e=base_e)
