@@ -6,6 +6,8 @@ For each token count it times, on the same communicator and in the same run:
   bytes, or ``MPI.Alltoall`` on host arrays): the floor;
 - ``cupy_dcp_a2a``: a :class:`DcpA2APlan` call (pack, exchange, combine);
 - ``ag_rs``: all-gather of the LSEs, correction, reduce-scatter (:class:`DcpAgRsPlan`);
+- ``direct``: a :class:`DcpDirectPlan` call (push into the peers' windows over
+  NVLink, combine; no NCCL), where every rank is on one node with peer access;
 
 eagerly (calls launched back to back) and as CUDA-graph replays (a captured
 batch of calls), and reports the median and p90 microseconds per call and the
@@ -27,7 +29,7 @@ from mpi4py import MPI
 from .comm import Communicator
 from .layout import as_dtype, bits_dtype, send_buffer_shape
 
-STRATEGIES = ("raw_alltoall", "cupy_dcp_a2a", "ag_rs")
+STRATEGIES = ("raw_alltoall", "cupy_dcp_a2a", "ag_rs", "direct")
 
 
 def parse_args(argv=None):
@@ -137,7 +139,18 @@ def _gpu_cases(comm, args, B, dtype):
     cases["raw_alltoall"] = raw
     cases["cupy_dcp_a2a"] = lambda: plan(x, lse, stream=stream)
     cases["ag_rs"] = lambda: agrs(x, lse, stream=stream)
-    return cases, stream
+    closers = []
+    if "direct" in args.strategies.split(","):
+        from .direct import DcpDirectPlan, direct_problem
+
+        problem = direct_problem(comm)
+        if problem is None:
+            direct = DcpDirectPlan(comm, B, H, D, dtype)
+            cases["direct"] = lambda: direct(x, lse, stream=stream)
+            closers.append(direct.close)
+        else:
+            _say(comm, f"  direct: skipped ({problem})")
+    return cases, stream, closers
 
 
 # --------------------------------------------------------------- host timings
@@ -220,8 +233,9 @@ def run(args):
                f"{args.dtype} on {device}; modes {modes}; tokens {args.tokens}")
     records = []
     for B in args.tokens:
+        closers = []
         if gpu:
-            cases, stream = _gpu_cases(comm, args, B, dtype)
+            cases, stream, closers = _gpu_cases(comm, args, B, dtype)
         else:
             cases, stream = _host_cases(comm, args, B, dtype), None
         for mode in modes:
@@ -239,6 +253,8 @@ def run(args):
                            ratio_to_floor=round(med / floor, 3) if floor else float("nan"))
                 records.append(rec)
                 _say(comm, f"  B={B:<5} {mode:<5} {strategy:<13} median {med:8.1f} us  p90 {p90:8.1f} us")
+        for close in closers:
+            close()
     _say(comm, "\n" + _table(records))
     if comm.rank == 0 and args.json_path:
         with open(args.json_path, "w") as f:

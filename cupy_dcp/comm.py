@@ -103,15 +103,29 @@ class Communicator:
         MPI: exact, slow, not capturable). Returns the device ordinal.
         """
         if self.backend == "mpi":
-            problem = _cupy_problem()
-            problems = self.mpi_comm.allgather(problem)
-            bad = {r: p for r, p in enumerate(problems) if p is not None}
-            if bad:
-                detail = "; ".join(f"rank {r}: {p}" for r, p in sorted(bad.items()))
-                raise RuntimeError(f"device arrays need CuPy and a GPU ({detail})")
-            return self._pick_device()
+            return self.select_device()
         self.nccl()
         return self.device
+
+    def select_device(self):
+        """Collective: check that every rank has CuPy and a GPU, and select this rank's
+        GPU (see :meth:`from_mpi`); no NCCL. Returns the device ordinal.
+
+        Raises:
+            RuntimeError: on every rank alike, naming the ranks and what they lack.
+        """
+        problem = _cupy_problem()
+        problems = self.mpi_comm.allgather(problem)
+        bad = {r: p for r, p in enumerate(problems) if p is not None}
+        if bad:
+            detail = "; ".join(f"rank {r}: {p}" for r, p in sorted(bad.items()))
+            raise RuntimeError(f"device arrays need CuPy and a GPU ({detail})")
+        return self._pick_device()
+
+    def barrier(self, what="barrier"):
+        """Wait for every rank, within :attr:`timeout` when one is set (then a
+        ``RuntimeError`` naming ``what``)."""
+        self._wait(self.mpi_comm.Ibarrier(), what, None, None)
 
     def nccl(self):
         """The NCCL communicator of this group, built on first use (collective).
@@ -226,8 +240,9 @@ class Communicator:
             if time.monotonic() > deadline:
                 # MPI may still write into recv: the buffers must outlive the request
                 self._abandoned.append((request, send, recv))
+                size = "" if send is None else f" of {send.nbytes} bytes"
                 raise RuntimeError(
-                    f"MPI {what} of {send.nbytes} bytes did not complete within "
+                    f"MPI {what}{size} did not complete within "
                     f"{self.timeout} s on rank {self.rank} (a peer rank is missing or stuck); "
                     "the communicator is unusable: abort the job")
             time.sleep(50e-6)

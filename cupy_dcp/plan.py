@@ -16,7 +16,7 @@ the arrays the call read) do.
 import numpy as np
 
 from . import _checks
-from .comm import as_communicator
+from .comm import _cupy_problem, as_communicator
 from .layout import BFLOAT16, as_dtype, bits_dtype, c_strides, check_heads, lse_pack_dim
 from .kernels._arrays import as_cupy, cupy_stream, dummy_index, kernel_array, stream_ptr
 from .kernels._launch import DeviceArray
@@ -42,21 +42,25 @@ class _Plan:
 
     def __init__(self, comm, max_tokens, num_heads, head_dim, dtype,
                  return_lse=False, is_lse_base_on_e=True):
-        import cupy
-
         self.comm = comm = as_communicator(comm)
         n = comm.world_size
         name = type(self).__name__
         try:  # a rank whose arguments are bad makes every rank raise, not wait
             dtype = _check_plan_args(n, max_tokens, num_heads, head_dim, dtype)
+            self._check_args()
+            problem = _cupy_problem()
+            if problem is not None:
+                raise RuntimeError(f"{name} needs CuPy and a GPU: {problem}")
             fields = dict(world_size=n, max_tokens=int(max_tokens), num_heads=int(num_heads),
                           head_dim=int(head_dim), dtype=dtype.name, return_lse=bool(return_lse),
                           is_lse_base_on_e=bool(is_lse_base_on_e), strategy=self.strategy,
                           arrays="device")
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, RuntimeError) as exc:
             comm.agree(name, dict(error=exc))
             raise
         comm.agree(name, fields)
+        import cupy
+
         self.dtype = dtype
         self.max_tokens, self.num_heads, self.head_dim = int(max_tokens), int(num_heads), int(head_dim)
         self.local_heads = num_heads // n
@@ -65,7 +69,7 @@ class _Plan:
         self.bits = bits_dtype(dtype)
         self._value = combine_kind(dtype)[1]
         if n > 1:
-            comm.prepare_device()
+            self._prepare_device()
         with cupy.cuda.Device(comm.device):
             self._result = cupy.empty((max_tokens, self.local_heads, head_dim), dtype=dtype)
             self._result_lse = cupy.empty((max_tokens, self.local_heads), dtype=cupy.float32)
@@ -76,6 +80,13 @@ class _Plan:
             self._allocate(cupy)
         self._views = {}
         self._warm_up()
+
+    def _check_args(self):
+        """Raise ``ValueError`` for a bad argument of a subclass (checked collectively)."""
+
+    def _prepare_device(self):
+        """Collective: make the communicator ready for this plan's exchanges."""
+        self.comm.prepare_device()
 
     def __call__(self, cp_attn_out, cp_attn_lse, out=None, out_lse=None,
                  seq_lens=None, query_start_loc=None, stream=None):

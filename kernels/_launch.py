@@ -164,7 +164,7 @@ class SpecializedKernel:
             self._cubin, self._name = bytes(cubin), name.encode()
             self._functions = {}  # a module is loaded once per CUDA context
             # One parameter block, reused: cuLaunchKernel copies it before it returns.
-            count = sum(5 + 2 * t.ndim if isinstance(t, types.Array) else 1 for t in self.argtypes)
+            count = sum(map(_abi_words, self.argtypes))
             self._params = np.zeros(count, dtype=np.int64)
             self._pointers = np.arange(self._params.ctypes.data,
                                        self._params.ctypes.data + 8 * count, 8, dtype=np.uint64)
@@ -189,13 +189,7 @@ class SpecializedKernel:
         if self.kind == "numba":
             self._launch_numba(grid, block, stream_ptr, args)
             return
-        flat = []
-        for arg in args:
-            if isinstance(arg, DeviceArray):
-                flat.extend(arg.abi())
-            else:
-                flat.append(arg)
-        self.launch_flat(grid, block, stream_ptr, flat)
+        self.launch_flat(grid, block, stream_ptr, flatten(args))
 
     def launch_flat(self, grid, block, stream_ptr, flat):
         """Launch with arguments already flattened to the ABI."""
@@ -240,12 +234,42 @@ class SpecializedKernel:
         return function
 
     def _launch_numba(self, grid, block, stream_ptr, args):
-        views = [a.numba_view() if isinstance(a, DeviceArray) else a for a in args]
+        views = [_numba_arg(a) for a in args]
         if config.ENABLE_CUDASIM:
             stream = 0
         else:
             stream = cuda.external_stream(stream_ptr) if stream_ptr else cuda.default_stream()
         self._dispatcher[grid, block, stream](*views)
+
+
+def flatten(args):
+    """Kernel arguments (DeviceArrays, ints, and tuples of them) as the ABI's int list."""
+    flat = []
+    for arg in args:
+        if isinstance(arg, DeviceArray):
+            flat.extend(arg.abi())
+        elif isinstance(arg, tuple):  # a tuple argument is its members, one after another
+            flat.extend(flatten(arg))
+        else:
+            flat.append(arg)
+    return flat
+
+
+def _abi_words(argtype):
+    """How many 64-bit parameters a kernel argument of ``argtype`` takes."""
+    if isinstance(argtype, types.Array):
+        return 5 + 2 * argtype.ndim
+    if isinstance(argtype, types.BaseTuple):
+        return sum(map(_abi_words, argtype.types))
+    return 1
+
+
+def _numba_arg(arg):
+    if isinstance(arg, DeviceArray):
+        return arg.numba_view()
+    if isinstance(arg, tuple):
+        return tuple(_numba_arg(a) for a in arg)
+    return arg
 
 
 class _Libcuda:

@@ -130,3 +130,159 @@ def check_combine_rounds_to_nearest_even(to_device, to_host, dtype, b, hn, d, rn
     exact = np.float32(0.5) * xs[0].astype(np.float32) + np.float32(0.5) * xs[1].astype(np.float32)
     bits = np.uint16 if dtype.itemsize == 2 else np.uint32
     np.testing.assert_array_equal(to_host(out).view(bits), exact.astype(dtype).view(bits))
+
+
+class DirectRanks:
+    """The direct kernels of N ranks in one process: their windows, flags, states and
+    statuses, with every rank's push launched before any rank's combine (the order
+    the flags would impose across GPUs)."""
+
+    def __init__(self, to_device, dtype, n, max_tokens, h, d, timeout_ns=10**9):
+        from cupy_dcp.kernels._arrays import kernel_array
+        from cupy_dcp.kernels.direct import STATE_WORDS
+        from cupy_dcp.layout import bits_dtype
+
+        self.to_device, self.dtype, self.n, self.h, self.d = to_device, dtype, n, h, d
+        self.bits = bits_dtype(dtype)
+        self.timeout_ns = timeout_ns
+        shape = (2, n, max_tokens, h // n, d + lse_pack_dim(dtype))
+        self.owners = [to_device(np.zeros(shape, self.bits)) for _ in range(n)]
+        self.flag_owners = [to_device(np.zeros(n, np.int64)) for _ in range(n)]
+        self.state_owners = [to_device(np.zeros(STATE_WORDS, np.int64)) for _ in range(n)]
+        self.status_owners = [to_device(np.zeros(n, np.int64)) for _ in range(n)]
+        self.windows = tuple(kernel_array(w, self.bits) for w in self.owners)
+        self.flags = tuple(kernel_array(f, np.int64) for f in self.flag_owners)
+        self.states = [kernel_array(s, np.int64) for s in self.state_owners]
+        self.statuses = [kernel_array(s, np.int64) for s in self.status_owners]
+
+    def _mask(self, mask):
+        from cupy_dcp.kernels._arrays import dummy_index, kernel_array
+
+        if mask is None:
+            return dummy_index(), dummy_index(), -1
+        seq, qsl = mask
+        return (kernel_array(self.to_device(seq), np.int64), kernel_array(self.to_device(qsl), np.int64),
+                len(seq))
+
+    def push(self, r, x, lse, mask=None):
+        from cupy_dcp.kernels._arrays import kernel_array, stream_ptr
+        from cupy_dcp.kernels.direct import push_launch
+
+        kernel, grid, block, args = push_launch(
+            kernel_array(x, self.bits), kernel_array(lse, np.uint32), *self._mask(mask),
+            self.windows, self.flags, self.states[r], r)
+        kernel(grid, block, stream_ptr(None), args)
+
+    def combine(self, r, x, lse, out, out_lse=None, mask=None, base_e=True):
+        from cupy_dcp.kernels._arrays import kernel_array, stream_ptr
+        from cupy_dcp.kernels.combine import combine_kind
+        from cupy_dcp.kernels.direct import direct_combine_launch
+
+        value = combine_kind(self.dtype)[1]
+        lse_arr = None if out_lse is None else kernel_array(out_lse, np.float32)
+        kernel, grid, block, args = direct_combine_launch(
+            self.dtype, kernel_array(x, value), kernel_array(lse, np.float32), *self._mask(mask),
+            self.windows[r], self.flags[r], self.flags, self.states[r], self.statuses[r],
+            kernel_array(out, value), lse_arr, base_e, r, self.timeout_ns)
+        kernel(grid, block, stream_ptr(None), args)
+
+
+def _mask_lses(ls, seq_lens, qsl):
+    """The LSEs the kernels see under per-rank masks: -inf for empty and padding tokens."""
+    ls = ls.copy()
+    for r, seq in enumerate(seq_lens):
+        for t in range(ls.shape[1]):
+            s = np.searchsorted(qsl, t, side="right") - 1
+            if t < qsl[0] or t >= qsl[-1] or seq[s] == 0:
+                ls[r, t] = -np.inf
+    return ls
+
+
+def check_direct(to_device, to_host, dtype, n, tokens, h, d, rng, base_e=True, head_major=False,
+                 strided_input=False, masks=False):
+    """Calls of the direct kernels (one per entry of ``tokens``: B may change between
+    calls, the slots alternate) against the oracle, on every rank."""
+    hn = h // n
+    ranks = DirectRanks(to_device, dtype, n, max(tokens), h, d)
+    for b in tokens:
+        xs, ls = make_inputs(rng, n, b, h, d, dtype)
+        mask = [None] * n
+        seen = ls
+        if masks and b > 2:
+            qsl = np.array([0, 1, b - 1], dtype=np.int64)  # token b-1 is padding
+            seqs = [np.array([0 if r == 0 else 3, 5], dtype=np.int64) for r in range(n)]
+            mask = [(seqs[r], qsl) for r in range(n)]
+            seen = _mask_lses(ls, seqs, qsl)
+        if strided_input:  # [H, B, D] storage seen as [B, H, D]
+            xd = [to_device(np.ascontiguousarray(xs[r].transpose(1, 0, 2))).transpose(1, 0, 2)
+                  for r in range(n)]
+        else:
+            xd = [to_device(xs[r]) for r in range(n)]
+        ld = [to_device(ls[r]) for r in range(n)]
+        for r in range(n):
+            ranks.push(r, xd[r], ld[r], mask[r])
+        outs, out_lses = [], []
+        for r in range(n):
+            if head_major:
+                out = to_device(np.zeros((hn, b, d), dtype=dtype)).transpose(1, 0, 2)
+            else:
+                out = to_device(np.zeros((b, hn, d), dtype=dtype))
+            out_lse = to_device(np.zeros((b, hn), dtype=np.float32))
+            ranks.combine(r, xd[r], ld[r], out, out_lse, mask[r], base_e)
+            outs.append(out)
+            out_lses.append(out_lse)
+        expect, expect_lse = lse_weighted_combine(xs, seen, return_lse=True, is_lse_base_on_e=base_e)
+        for r in range(n):
+            heads = slice(r * hn, (r + 1) * hn)
+            got = to_host(outs[r]).astype(np.float64)
+            assert not np.isnan(got).any(), f"NaN leaked into rank {r}'s output (B={b})"
+            assert_combine_close(got, expect[:, heads], xs[:, :, heads], seen[:, :, heads], dtype, base_e)
+            g = to_host(out_lses[r]).astype(np.float64)
+            ref = expect_lse[:, heads]
+            np.testing.assert_array_equal(np.isneginf(g), np.isneginf(ref))
+            finite = np.isfinite(ref)
+            np.testing.assert_allclose(g[finite], ref[finite], rtol=1e-6, atol=1e-5)
+    for r in range(n):
+        state = to_host(ranks.state_owners[r])
+        assert state[0] == len(tokens) and state[1] == 0 and state[2] == 0, state
+        assert not to_host(ranks.status_owners[r]).any()
+
+
+def check_direct_missing_peer(to_device, to_host, dtype, rng, timeout_ns=50_000_000):
+    """Rank 1 skips call 2: rank 0's combine gives up (TIMED_OUT, NaN out, tells rank 1);
+    rank 1's call 2 then fails at once (PEER_FAILED); rank 0's call 3 neither pushes
+    nor waits."""
+    import time
+
+    from cupy_dcp.kernels.direct import PEER_FAILED, TIMED_OUT
+
+    n, b, h, d = 2, 3, 4, 8
+    ranks = DirectRanks(to_device, dtype, n, b, h, d, timeout_ns=timeout_ns)
+    xs, ls = make_inputs(rng, n, b, h, d, dtype, adversarial=False)
+    xd, ld = [to_device(xs[r]) for r in range(n)], [to_device(ls[r]) for r in range(n)]
+    outs = [to_device(np.zeros((b, h // n, d), dtype=dtype)) for _ in range(n)]
+    lses = [to_device(np.zeros((b, h // n), dtype=np.float32)) for _ in range(n)]
+    for r in range(n):  # call 1: everyone
+        ranks.push(r, xd[r], ld[r])
+    for r in range(n):
+        ranks.combine(r, xd[r], ld[r], outs[r], lses[r])
+    assert not np.isnan(to_host(outs[0]).astype(np.float32)).any()
+    ranks.push(0, xd[0], ld[0])  # call 2: rank 1 is missing
+    start = time.monotonic()
+    ranks.combine(0, xd[0], ld[0], outs[0], lses[0])
+    got = to_host(outs[0]).astype(np.float32)
+    waited = time.monotonic() - start
+    assert np.isnan(got).all() and np.isnan(to_host(lses[0])).all()
+    assert to_host(ranks.status_owners[0]).tolist() == [0, TIMED_OUT]
+    assert to_host(ranks.state_owners[0])[2] == 1
+    assert to_host(ranks.flag_owners[1])[0] == -1, "rank 0 did not tell rank 1"
+    assert waited >= timeout_ns * 1e-9, waited
+    ranks.push(1, xd[1], ld[1])  # rank 1's call 2: rank 0 gave up
+    ranks.combine(1, xd[1], ld[1], outs[1], lses[1])
+    assert np.isnan(to_host(outs[1]).astype(np.float32)).all()
+    assert to_host(ranks.status_owners[1]).tolist() == [PEER_FAILED, 0]
+    before = to_host(ranks.owners[1]).copy()
+    ranks.push(0, xd[0], ld[0])  # rank 0's call 3: dead, pushes nothing
+    ranks.combine(0, xd[0], ld[0], outs[0], lses[0])
+    assert np.isnan(to_host(outs[0]).astype(np.float32)).all()
+    np.testing.assert_array_equal(to_host(ranks.owners[1]), before)

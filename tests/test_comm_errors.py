@@ -29,3 +29,23 @@ def test_an_mpi_communicator_has_no_nccl_communicator():
     with pytest.raises(RuntimeError, match=r"backend is 'mpi': it has no NCCL communicator"):
         comm.nccl()
     comm.free()
+
+
+@pytest.mark.skipif(gpu_count() > 0, reason="checks the error raised where there is no GPU")
+@pytest.mark.parametrize("make", [
+    lambda: cupy_dcp.DcpA2APlan(MPI.COMM_SELF, 4, 8, 16, "bfloat16"),
+    lambda: cupy_dcp.DcpDirectPlan(MPI.COMM_SELF, 4, 8, 16, "bfloat16"),
+    lambda: cupy_dcp.dcp_plan(MPI.COMM_SELF, 4, 8, 16, "float16"),
+], ids=["a2a", "direct", "auto"])
+def test_plans_without_a_gpu_are_a_clear_runtime_error(make):
+    with pytest.raises(RuntimeError, match=r"Plan needs CuPy and a GPU: (CuPy is not installed|no CUDA GPU)"):
+        make()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(strategy="nccl"), r"^strategy must be 'auto', 'direct' or 'a2a' \(got 'nccl'\)$"),
+    (dict(strategy="direct", timeout=0), r"^timeout must be > 0 seconds \(got 0\)$"),
+], ids=["strategy", "timeout"])
+def test_bad_plan_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        cupy_dcp.dcp_plan(MPI.COMM_SELF, 4, 8, 16, "float32", **kwargs)

@@ -52,3 +52,35 @@ def test_decode_attention_example_on_gpus(dtype):
 def test_gpu_soak_of_graph_replays_and_eager_calls():
     out = run_job(2, str(HERE / "gpu_soak_worker.py"), timeout=1800)
     assert out.count("GPU soak OK") == 2, out[-3000:]
+
+
+# The direct path: two ranks may share one GPU (CUDA IPC works within a device), so
+# these run on a single GPU too (where the two processes' kernels time-slice).
+RACE_CALLS = 10_000
+
+
+@requires_gpu
+def test_direct_plan_exact():
+    out = run_job(2, str(HERE / "direct_worker.py"), "exact")
+    assert "direct exact OK" in out, out[-3000:]
+
+
+@requires_gpu
+def test_direct_plan_race_eager_and_graph():
+    out = run_job(2, str(HERE / "direct_worker.py"), "race", str(RACE_CALLS))
+    assert out.count(f"direct race OK: {RACE_CALLS} eager calls") == 2, out[-3000:]
+    print(out)
+
+
+@requires_gpu
+def test_direct_plan_missing_peer_times_out():
+    out = run_job(2, str(HERE / "direct_worker.py"), "timeout")
+    assert "rank 0 direct timeout OK" in out and "rank 1 direct timeout OK" in out, out[-3000:]
+    print(out)
+
+
+@requires_gpu
+def test_direct_plans_open_and_close_without_leaks():
+    out = run_job(2, str(HERE / "direct_worker.py"), "leak", "1000")
+    assert out.count("direct leak OK: 1000 plans") == 2, out[-3000:]
+    print(out)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from gpu import requires_gpu
-from kernel_checks import DTYPES, check_combine, check_pack
+from kernel_checks import DTYPES, check_combine, check_direct, check_direct_missing_peer, check_pack
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -182,3 +182,22 @@ def test_combine_rounds_to_nearest_even(dtype, d):
     to_device, to_host = cupy_io()
     check_combine_rounds_to_nearest_even(to_device, to_host, dtype, 64, 8, d,
                                          np.random.default_rng(d))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("d", [1, 72, 128, 512])
+@pytest.mark.parametrize("n", [2, 4])
+def test_direct_kernels_match_reference(dtype, d, n):
+    """The push and direct combine kernels of N ranks in one process (every push
+    before any combine), over calls of changing B: against the oracle."""
+    to_device, to_host = cupy_io()
+    rng = np.random.default_rng(d + n)
+    check_direct(to_device, to_host, dtype, n, [64, 7, 33], 8 * n, d, rng, base_e=d != 72)
+    check_direct(to_device, to_host, dtype, n, [5, 6], 2 * n, d, rng, head_major=True,
+                 strided_input=True, masks=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_direct_kernels_missing_peer(dtype):
+    to_device, to_host = cupy_io()
+    check_direct_missing_peer(to_device, to_host, dtype, np.random.default_rng(3))

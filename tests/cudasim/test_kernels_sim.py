@@ -7,7 +7,8 @@ runs this file so; the ordinary suite ignores it (see ``tests/conftest.py``).
 import numpy as np
 import pytest
 
-from kernel_checks import DTYPES, check_combine, check_pack
+from kernel_checks import (DTYPES, check_combine, check_direct, check_direct_missing_peer,
+                           check_pack)
 
 
 def ident(x):
@@ -96,3 +97,23 @@ def test_mask_kernel_copies_the_lse_with_empty_tokens_at_minus_inf():
     assert empty.tolist() == [True, False, True, True, False, True]
     np.testing.assert_array_equal(out[~empty], lse[~empty])
     assert np.isneginf(out[empty]).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n, h, d", [(2, 4, 3), (3, 6, 8), (2, 2, 1), (4, 4, 6)],
+                         ids=["N2D3", "N3D8", "N2D1", "N4D6"])
+@pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
+def test_direct_push_and_combine(dtype, n, h, d, base_e):
+    check_direct(ident, host, dtype, n, [3, 1, 4], h, d, np.random.default_rng(n * d),
+                 base_e=base_e)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_direct_strided_masked(dtype):
+    check_direct(ident, host, dtype, 3, [4, 5], 6, 4, np.random.default_rng(5),
+                 head_major=True, strided_input=True, masks=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_direct_missing_peer(dtype):
+    check_direct_missing_peer(ident, host, dtype, np.random.default_rng(9))

@@ -1,0 +1,296 @@
+"""The direct plan: no NCCL; one kernel pushes each head slice into its owner's memory.
+
+Every rank of a one-node group allocates a *window* (flags and two receive
+slots, see ``cupy_dcp.kernels.direct`` for its layout, the protocol and the
+argument why no call overwrites data still being read), exports it as a CUDA
+IPC handle, and maps every peer's window; the handles travel over MPI. A call
+is two kernels on the caller's stream: ``push`` stores the peers' slices
+straight into their windows over NVLink and raises a flag at each; the
+combine waits for every peer's flag (bounded), then combines, reading its own
+slice from the input. Nothing synchronises the host, so a call can be
+captured in a CUDA graph and replayed.
+
+A peer that does not arrive within ``timeout`` seconds makes the waiting
+kernel give up: it writes NaN into that call's result and records the peer
+in host-mapped memory; the plan's next call, :meth:`DcpDirectPlan.check` or
+:meth:`DcpDirectPlan.synchronize` raises a ``RuntimeError`` naming it. The
+plan is dead after that: its peers fail too (fast: the failing rank tells
+them), and it must be closed.
+"""
+
+import ctypes
+
+import numpy as np
+from mpi4py import MPI
+
+from .layout import BFLOAT16, c_strides, lse_pack_dim
+from .kernels._launch import DeviceArray
+from .kernels._rows import lanes_per_row
+from .kernels.direct import (PEER_FAILED, STATE_WORDS, TIMED_OUT, direct_combine_kernel,
+                             direct_combine_launch, push_kernel, push_launch)
+from .plan import DcpA2APlan, _Plan
+from .kernels._arrays import kernel_array
+
+__all__ = ["DcpDirectPlan", "dcp_plan", "direct_problem"]
+
+DEFAULT_TIMEOUT = 30.0
+_FLAGS_BYTES = 512  # the window's flags, padded so that the slots start 512-byte aligned
+_HOST_ALLOC_PORTABLE_MAPPED = 3  # cudaHostAllocPortable | cudaHostAllocMapped
+
+
+def direct_problem(comm):
+    """Collective: why the direct path cannot run on ``comm`` (a string), or ``None``.
+
+    It needs every rank on one node, CuPy and a GPU on every rank, and every
+    rank able to reach every peer's GPU: the same GPU, or peer access between
+    the two. Selects each rank's GPU as a side effect.
+    """
+    from .comm import as_communicator, _cupy_problem
+
+    comm = as_communicator(comm)
+    mpi = comm.mpi_comm
+    node = mpi.Split_type(MPI.COMM_TYPE_SHARED)
+    on_one_node = node.Get_size() == mpi.Get_size()
+    node.Free()
+    if not on_one_node:
+        return "the ranks are not all on one node"
+    problem = _cupy_problem()
+    if mpi.allgather(problem is None) != [True] * comm.world_size:
+        return "a rank lacks CuPy or a GPU"
+    comm.select_device()
+    import cupy
+
+    runtime = cupy.cuda.runtime
+    mine = _pci_address(runtime, comm.device)
+    everyone = mpi.allgather(mine)
+    local = {_pci_address(runtime, d): d for d in range(runtime.getDeviceCount())}
+    problem = None
+    for rank, address in enumerate(everyone):
+        device = local.get(address)
+        if device is None:
+            problem = f"rank {comm.rank} cannot see rank {rank}'s GPU ({address})"
+        elif device != comm.device and not runtime.deviceCanAccessPeer(comm.device, device):
+            problem = f"no peer access from rank {comm.rank}'s GPU to rank {rank}'s"
+        if problem:
+            break
+    problems = [p for p in mpi.allgather(problem) if p]
+    return problems[0] if problems else None
+
+
+def _pci_address(runtime, device):
+    props = runtime.getDeviceProperties(device)
+    return f"{props['pciDomainID']:04x}:{props['pciBusID']:02x}:{props['pciDeviceID']:02x}"
+
+
+class DcpDirectPlan(_Plan):
+    """The direct combine of one layer shape: the contract of :class:`DcpA2APlan`,
+    with the exchange done by the kernels themselves over NVLink.
+
+    Args:
+        comm, max_tokens, num_heads, head_dim, dtype, return_lse,
+            is_lse_base_on_e: as for :class:`DcpA2APlan`.
+        timeout: seconds a call's combine waits for a peer before it gives up
+            (see the module docstring); ``None`` is the communicator's
+            ``timeout``, else 30 s.
+
+    Collective to build and to :meth:`close` (or use it as a context
+    manager). Raises ``RuntimeError`` on every rank where the group cannot
+    use it (see :func:`direct_problem`); :func:`dcp_plan` falls back to the
+    NCCL all-to-all instead. Calls of one plan must be made in the same order
+    on every rank, each on one stream (or synchronised by the caller).
+    """
+
+    strategy = "direct"
+
+    def __init__(self, comm, max_tokens, num_heads, head_dim, dtype, return_lse=False,
+                 is_lse_base_on_e=True, timeout=None):
+        self._window = self._status = None
+        self._peers = []
+        self._windows = self._flags = ()
+        self._closed = False
+        self._timeout_arg = timeout
+        super().__init__(comm, max_tokens, num_heads, head_dim, dtype, return_lse,
+                         is_lse_base_on_e)
+
+    def _prepare_device(self):
+        problem = direct_problem(self.comm)
+        if problem is not None:
+            raise RuntimeError(f"the direct path cannot run here: {problem} "
+                               "(use DcpA2APlan, or dcp_plan(..., strategy='auto'))")
+
+    def _check_args(self):
+        timeout = self._timeout_arg if self._timeout_arg is not None else self.comm.timeout
+        timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+        if not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ValueError(f"timeout must be > 0 seconds (got {timeout!r})")
+        self.timeout = float(timeout)
+
+    def _allocate(self, cupy):
+        comm = self.comm
+        n = comm.world_size
+        if n == 1:
+            return
+        self._width = self.head_dim + lse_pack_dim(self.dtype)
+        self._slot_elements = n * self.max_tokens * self.local_heads * self._width
+        nbytes = _FLAGS_BYTES + 2 * self._slot_elements * self.bits.itemsize
+        runtime = cupy.cuda.runtime
+        error = None
+        try:
+            self._window = runtime.malloc(nbytes)  # its own allocation: IPC maps whole ones
+            runtime.memset(self._window, 0, nbytes)
+            self._state = cupy.zeros(STATE_WORDS, cupy.int64)
+            self._status = runtime.hostAlloc(8 * n, _HOST_ALLOC_PORTABLE_MAPPED)
+            self._status_view = np.ctypeslib.as_array(
+                (ctypes.c_int64 * n).from_address(self._status))
+            self._status_view[:] = 0
+            runtime.deviceSynchronize()
+            handle = runtime.ipcGetMemHandle(self._window)
+        except Exception as exc:  # every rank must learn of it, or the others would wait
+            error, handle = exc, None
+        handles = comm.mpi_comm.allgather(None if error else bytes(handle))
+        if error is None and None not in handles:
+            try:
+                for rank, theirs in enumerate(handles):
+                    if rank != comm.rank:
+                        self._peers.append(runtime.ipcOpenMemHandle(
+                            theirs, runtime.cudaIpcMemLazyEnablePeerAccess))
+            except Exception as exc:
+                error = exc
+        failed = comm.mpi_comm.allgather(None if error is None else f"{type(error).__name__}: {error}")
+        bad = [(r, e) for r, e in enumerate(failed) if e]
+        if bad:
+            self._release(cupy)
+            if error is not None:
+                raise RuntimeError(f"rank {comm.rank} could not set up the direct path: {error}") \
+                    from error
+            rank, detail = bad[0]
+            raise RuntimeError(f"rank {rank} could not set up the direct path: {detail}")
+        bases = list(self._peers)
+        bases.insert(comm.rank, self._window)
+        self._bases = bases
+        self._state_arr = kernel_array(self._state, np.int64, "state")
+        self._status_arr = DeviceArray(self._status, (n,), (8,), np.int64, self)
+        self._flags = tuple(DeviceArray(b, (n,), (8,), np.int64, self) for b in bases)
+        shape = (2, n, self.max_tokens, self.local_heads, self._width)
+        self._windows = tuple(DeviceArray(b + _FLAGS_BYTES, shape, c_strides(shape, self.bits.itemsize),
+                                          self.bits, self) for b in bases)
+        comm.barrier("setting up the direct path")  # every window is zeroed and mapped
+
+    def _warm_up(self):
+        n = self.comm.world_size
+        if n == 1:
+            return
+        D = self.head_dim
+        push_kernel(n, self.bits, lanes_per_row(D))
+        direct_combine_kernel(self.dtype, n, False, lanes_per_row(D))
+        if self.bits.itemsize == 2 and D % 2 == 0:
+            push_kernel(n, np.dtype(np.uint32), lanes_per_row(D // 2))
+            if self.dtype == BFLOAT16:
+                direct_combine_kernel(self.dtype, n, True, lanes_per_row(D // 2))
+
+    def _run(self, tokens, x, lse, mask, result, result_lse, ptr):
+        self.check()
+        windows = self._windows
+        me = self.comm.rank
+        lse_bits = DeviceArray(lse.ptr, lse.shape, lse.strides, np.uint32, lse.owner)
+        kernel, grid, block, args = push_launch(
+            kernel_array(x, self.bits, "cp_attn_out"), lse_bits, *mask, windows, self._flags,
+            self._state_arr, me)
+        kernel(grid, block, ptr, args)
+        kernel, grid, block, args = direct_combine_launch(
+            self.dtype, kernel_array(x, self._value, "cp_attn_out"), lse, *mask, windows[me],
+            self._flags[me], self._flags, self._state_arr, self._status_arr, result, result_lse,
+            self.base_e, me, int(self.timeout * 1e9))
+        kernel(grid, block, ptr, args)
+
+    def check(self):
+        """Raise ``RuntimeError`` if a call of this plan has failed a wait (it reads
+        host-mapped memory: no synchronisation). Results of that call and of
+        every later one are NaN."""
+        if self._closed:
+            raise RuntimeError("this DcpDirectPlan is closed")
+        if self._status is None:
+            return
+        codes = self._status_view.copy()
+        if codes.any():
+            what = []
+            for rank in np.flatnonzero(codes):
+                if codes[rank] == TIMED_OUT:
+                    what.append(f"rank {rank} did not arrive within {self.timeout} s")
+                elif codes[rank] == PEER_FAILED:
+                    what.append(f"rank {rank} failed first")
+                else:
+                    what.append(f"rank {rank}: status {codes[rank]}")
+            raise RuntimeError(
+                f"rank {self.comm.rank}: a direct combine gave up waiting ({'; '.join(what)}); "
+                "that call's result is NaN and the plan is unusable: close it")
+
+    def synchronize(self, stream=None, timeout=None):
+        """Wait for this plan's work on ``stream`` (bounded, see
+        :meth:`Communicator.synchronize`), then :meth:`check`."""
+        self.comm.synchronize(stream, timeout)
+        self.check()
+
+    def close(self):
+        """Collective: unmap the peers' windows and free this rank's (after every
+        rank's work is done). Idempotent.
+
+        If a peer does not reach the close within the communicator's timeout,
+        this rank's window is left allocated (a peer might still write into it)
+        and ``RuntimeError`` is raised.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self.comm.world_size == 1 or self._window is None:
+            return
+        import cupy
+
+        with cupy.cuda.Device(self.comm.device):
+            cupy.cuda.runtime.deviceSynchronize()
+            self.comm.barrier("closing the direct path")  # nobody pushes any more
+            self._release(cupy, free_window=False)
+            self.comm.barrier("closing the direct path")  # nobody maps this window any more
+            self._release(cupy)
+
+    def _release(self, cupy, free_window=True):
+        runtime = cupy.cuda.runtime
+        while self._peers:
+            runtime.ipcCloseMemHandle(self._peers.pop())
+        self._windows = self._flags = ()
+        if free_window:
+            if self._window is not None:
+                runtime.free(self._window)
+                self._window = None
+            if self._status is not None:
+                self._status_view = None
+                runtime.freeHost(self._status)
+                self._status = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def dcp_plan(comm, max_tokens, num_heads, head_dim, dtype, return_lse=False,
+             is_lse_base_on_e=True, strategy="auto", timeout=None):
+    """A plan for the fastest strategy the group can run (collective).
+
+    ``strategy``: ``"auto"`` (:class:`DcpDirectPlan` where :func:`direct_problem`
+    finds nothing against it, else :class:`DcpA2APlan`), ``"direct"`` (raises
+    where it cannot run) or ``"a2a"``. ``timeout`` is the direct plan's.
+    """
+    from .comm import as_communicator
+
+    if strategy not in ("auto", "direct", "a2a"):
+        raise ValueError(f"strategy must be 'auto', 'direct' or 'a2a' (got {strategy!r})")
+    comm = as_communicator(comm)
+    if strategy == "auto":
+        strategy = "direct" if comm.world_size > 1 and direct_problem(comm) is None else "a2a"
+    if strategy == "direct":
+        return DcpDirectPlan(comm, max_tokens, num_heads, head_dim, dtype, return_lse,
+                             is_lse_base_on_e, timeout)
+    return DcpA2APlan(comm, max_tokens, num_heads, head_dim, dtype, return_lse, is_lse_base_on_e)

@@ -1,0 +1,115 @@
+"""Device functions for kernels that synchronise with kernels on other GPUs.
+
+- ``load_acquire(flags, i)``: ``ld.acquire.sys`` of one int64: a load that
+  later loads of this thread cannot overtake, and that sees a store made by
+  any GPU of the system.
+- ``store_release(flags, i, value)``: ``st.release.sys`` of one int64: no
+  earlier load or store of this thread may be seen after it, from any GPU.
+- ``now_ns()``: the GPU's global nanosecond timer, for bounded waits.
+- ``pause()``: ``nanosleep`` for a short while between two polls.
+
+Under the CUDA simulator (one Python process, blocks run one after another)
+they are plain loads and stores, ``time.monotonic_ns`` and a sleep of zero.
+"""
+
+import functools
+
+from numba import config, cuda, types
+
+__all__ = ["sync_functions"]
+
+
+@functools.cache
+def sync_functions():
+    """Compile (once) and return the device functions above, by name."""
+    if config.ENABLE_CUDASIM:
+        return _simulated()
+    return _compiled()
+
+
+def _simulated():
+    import time
+
+    jit = cuda.jit(device=True)
+
+    @jit
+    def load_acquire(flags, i):
+        return flags[i]
+
+    @jit
+    def store_release(flags, i, value):
+        flags[i] = value
+
+    @jit
+    def now_ns():
+        return time.monotonic_ns()
+
+    @jit
+    def pause():
+        time.sleep(0)
+
+    return dict(load_acquire=load_acquire, store_release=store_release, now_ns=now_ns,
+                pause=pause)
+
+
+def _compiled():
+    from llvmlite import ir
+    from numba.core import cgutils
+    from numba.cuda.extending import intrinsic
+
+    i64 = ir.IntType(64)
+
+    def element_pointer(context, builder, array_type, array, index, index_type):
+        array = context.make_array(array_type)(context, builder, value=array)
+        index = context.cast(builder, index, index_type, types.intp)
+        return cgutils.get_item_pointer(context, builder, array_type, array, [index],
+                                        wraparound=False)
+
+    def check(array):
+        if not (isinstance(array, types.Array) and array.ndim == 1
+                and array.dtype in (types.int64, types.uint64)):
+            raise TypeError(f"flags must be a 1-d int64 array (got {array})")
+
+    @intrinsic
+    def load_acquire(typingctx, flags, index):
+        check(flags)
+
+        def codegen(context, builder, sig, args):
+            ptr = element_pointer(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            asm = ir.InlineAsm(ir.FunctionType(i64, [ptr.type]),
+                               "ld.acquire.sys.global.b64 $0, [$1];", "=l,l,~{memory}",
+                               side_effect=True)
+            return builder.call(asm, [ptr])
+
+        return flags.dtype(flags, index), codegen
+
+    @intrinsic
+    def store_release(typingctx, flags, index, value):
+        check(flags)
+
+        def codegen(context, builder, sig, args):
+            ptr = element_pointer(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            value = context.cast(builder, args[2], sig.args[2], sig.args[0].dtype)
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ptr.type, i64]),
+                               "st.release.sys.global.b64 [$0], $1;", "l,l,~{memory}",
+                               side_effect=True)
+            builder.call(asm, [ptr, value])
+            return context.get_dummy_value()
+
+        return types.void(flags, index, value), codegen
+
+    @intrinsic
+    def now_ns(typingctx):
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(i64, []), "mov.u64 $0, %globaltimer;", "=l",
+                               side_effect=True)
+            return builder.call(asm, [])
+
+        return types.int64(), codegen
+
+    @cuda.jit(device=True)
+    def pause():
+        cuda.nanosleep(64)
+
+    return dict(load_acquire=load_acquire, store_release=store_release, now_ns=now_ns,
+                pause=pause)

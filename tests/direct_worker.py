@@ -1,0 +1,224 @@
+"""Multi-rank GPU checks of DcpDirectPlan (CUDA IPC windows, no NCCL).
+
+Run: mpirun -n 2 python tests/direct_worker.py MODE [COUNT]
+
+Ranks may share one GPU (IPC works within a device) or each have their own.
+
+- ``exact``: every dtype, both bases, return_lse, masks (empty shards),
+  strided and head-major ``out=``, B changing between calls; every rank
+  against the oracle of every rank's inputs. Prints ``direct exact OK``.
+- ``race COUNT``: COUNT eager calls back to back, then COUNT replays of a
+  captured call, the inputs changing every call (three input sets in turn:
+  reading a slot of the previous call, or of the one before, gives another
+  set's result); every result is compared on the GPU, bit for bit, with the
+  result of its input set checked against the oracle; no host
+  synchronisation inside the loops. Prints the counts.
+- ``timeout``: rank 1 skips a call; rank 0's plan raises within the bound,
+  naming rank 1; rank 1's next check raises naming rank 0.
+- ``leak COUNT``: COUNT plans opened and closed; device memory and the
+  plan's mappings come back.
+"""
+
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import cupy_dcp
+from _helpers import run_or_abort
+from gpu_reduce_worker import check_rank_result, expected, host
+from mpi_reduce_worker import B, DTYPES, HN, QUERY_START_LOC, rank_inputs, seq_lens_of
+
+
+def exact(world, comm):
+    import cupy
+    rank, n = world.Get_rank(), world.Get_size()
+    case = 0
+    for dtype in DTYPES:
+        for D, base_e in ((5, True), (72, False), (512, True)):
+            with cupy_dcp.DcpDirectPlan(comm, B, HN * n, D, dtype, return_lse=True,
+                                        is_lse_base_on_e=base_e) as plan:
+                if True:
+                    for masked, head_major, tokens in ((False, False, B), (True, True, B),
+                                                       (True, False, B - 2), (False, True, 1)):
+                        case += 1
+                        where = (f"rank {rank} direct {dtype} D={D} base_e={base_e} "
+                                 f"masked={masked} head_major={head_major} B={tokens}")
+                        x, lse = rank_inputs(rank, case, dtype, D, HN * n)
+                        x, lse = x[:tokens], lse[:tokens]
+                        kw = {}
+                        if masked:
+                            kw = dict(seq_lens=cupy.asarray(seq_lens_of(rank)),
+                                      query_start_loc=cupy.asarray(QUERY_START_LOC))
+                        if head_major:
+                            kw["out"] = cupy.full((HN, tokens, D), np.nan, dtype=dtype).transpose(1, 0, 2)
+                        xd = cupy.asarray(x)
+                        if case % 2:  # a strided input: [H, B, D] storage seen as [B, H, D]
+                            xd = cupy.ascontiguousarray(xd.transpose(1, 0, 2)).transpose(1, 0, 2)
+                        got, got_lse = plan(xd, cupy.asarray(lse), **kw)
+                        plan.synchronize()
+                        if masked and tokens < B:
+                            continue  # the mask names tokens past B: checked at full B only
+                        ref, ref_lse, scale = expected(world, x, lse, base_e, masked)
+                        check_rank_result(host(got, dtype), cupy.asnumpy(got_lse), ref, ref_lse,
+                                          scale, where)
+    world.Barrier()
+    if rank == 0:
+        print(f"direct exact OK: {case} cases on {n} ranks", flush=True)
+
+
+_COUNT_DIFF = None
+
+
+def _count_diff():
+    """An elementwise kernel that adds the number of differing bit patterns to count[0]."""
+    global _COUNT_DIFF
+    if _COUNT_DIFF is None:
+        import cupy
+        _COUNT_DIFF = cupy.ElementwiseKernel(
+            "T got, T want", "raw uint64 count",
+            "if (got != want) atomicAdd(&count[0], 1ULL);", "cupy_dcp_count_diff")
+    return _COUNT_DIFF
+
+
+def race(world, comm, count):
+    import cupy
+    rank, n = world.Get_rank(), world.Get_size()
+    dtype, D, H = DTYPES[1], 128, HN * n  # bfloat16
+    plan = cupy_dcp.DcpDirectPlan(comm, B, H, D, dtype, return_lse=True)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    sets, wants = [], []
+    with stream:
+        for k in range(3):
+            x, lse = rank_inputs(rank, 500 + k, dtype, D, H)
+            got, got_lse = plan(cupy.asarray(x), cupy.asarray(lse), stream=stream)
+            plan.synchronize(stream)
+            ref, ref_lse, scale = expected(world, x, lse, True, False)
+            check_rank_result(host(got, dtype), cupy.asnumpy(got_lse), ref, ref_lse, scale,
+                              f"rank {rank} race set {k}")
+            sets.append((cupy.asarray(x), cupy.asarray(lse)))
+            wants.append((got.view(cupy.uint16).copy(), got_lse.view(cupy.uint32).copy()))
+        x_buf = cupy.empty_like(sets[0][0])
+        lse_buf = cupy.empty_like(sets[0][1])
+        diffs = cupy.zeros(1, dtype=cupy.uint64)
+        count_diff = _count_diff()
+
+        def step(i, run):
+            k = i % 3
+            x_buf[...] = sets[k][0]
+            lse_buf[...] = sets[k][1]
+            got, got_lse = run()
+            count_diff(got.view(cupy.uint16), wants[k][0], diffs)
+            count_diff(got_lse.view(cupy.uint32), wants[k][1], diffs)
+
+        start = time.perf_counter()
+        for i in range(count):
+            step(i, lambda: plan(x_buf, lse_buf, stream=stream))
+        plan.synchronize(stream)
+        eager_s = time.perf_counter() - start
+        eager_diffs = int(diffs.get()[0])
+
+        world.Barrier()
+        stream.begin_capture()
+        got, got_lse = plan(x_buf, lse_buf, stream=stream)
+        graph = stream.end_capture()
+        diffs[...] = 0
+        start = time.perf_counter()
+        for i in range(count):
+            step(i, lambda: (graph.launch(stream), (got, got_lse))[1])
+        plan.synchronize(stream)
+        graph_s = time.perf_counter() - start
+        graph_diffs = int(diffs.get()[0])
+    plan.close()
+    assert eager_diffs == 0, f"rank {rank}: {eager_diffs} elements differ over {count} eager calls"
+    assert graph_diffs == 0, f"rank {rank}: {graph_diffs} elements differ over {count} replays"
+    print(f"rank {rank}/{n} direct race OK: {count} eager calls ({eager_s:.1f} s) and {count} "
+          f"graph replays ({graph_s:.1f} s), every result bit-identical to its checked set",
+          flush=True)
+
+
+def timeout(world, comm, bound=2.0):
+    import cupy
+    rank, n = world.Get_rank(), world.Get_size()
+    dtype, D, H = DTYPES[0], 64, HN * n
+    x, lse = rank_inputs(rank, 700, dtype, D, H)
+    xd, ld = cupy.asarray(x), cupy.asarray(lse)
+    plan = cupy_dcp.DcpDirectPlan(comm, B, H, D, dtype, timeout=bound)
+    plan(xd, ld)
+    plan.synchronize()  # call 1: everyone
+    world.Barrier()
+    if rank == 0:
+        start = time.monotonic()
+        plan(xd, ld)  # rank 1 skips this call
+        try:
+            plan.synchronize(timeout=bound + 30)
+        except RuntimeError as exc:
+            message = str(exc)
+        else:
+            raise AssertionError("rank 0: a missing peer did not raise")
+        waited = time.monotonic() - start
+        assert f"rank 1 did not arrive within {bound} s" in message, message
+        assert bound * 0.9 <= waited <= bound + 10, waited
+        try:
+            plan(xd, ld)
+        except RuntimeError as exc:
+            assert "unusable" in str(exc), exc
+        else:
+            raise AssertionError("rank 0: a dead plan took another call")
+        print(f"rank 0 direct timeout OK: raised after {waited:.2f} s (bound {bound} s): "
+              f"{message}", flush=True)
+    world.Barrier()
+    if rank == 1:  # now rank 1 makes that call: rank 0 has given up and told it
+        got = plan(xd, ld)
+        try:
+            plan.synchronize()
+        except RuntimeError as exc:
+            assert "rank 0 failed first" in str(exc), exc
+        else:
+            raise AssertionError("rank 1: a failed peer did not raise")
+        assert bool(cupy.isnan(got.astype(cupy.float32)).all()), "rank 1: a failed call left data"
+        print("rank 1 direct timeout OK: the peer's failure raised", flush=True)
+    plan.close()
+
+
+def leak(world, comm, count):
+    import cupy
+    rank, n = world.Get_rank(), world.Get_size()
+    dtype, D, H = DTYPES[1], 128, HN * n
+    x, lse = rank_inputs(rank, 800, dtype, D, H)
+    xd, ld = cupy.asarray(x), cupy.asarray(lse)
+
+    def cycle():
+        with cupy_dcp.DcpDirectPlan(comm, 64, H, D, dtype) as plan:
+            plan(xd, ld)
+            plan.synchronize()
+        assert not plan._peers and plan._window is None and plan._status is None
+
+    cycle()  # compile and load everything once
+    cupy.cuda.runtime.deviceSynchronize()
+    world.Barrier()
+    free_before = cupy.cuda.runtime.memGetInfo()[0]
+    start = time.perf_counter()
+    for _ in range(count):
+        cycle()
+    world.Barrier()
+    free_after = cupy.cuda.runtime.memGetInfo()[0]
+    lost = free_before - free_after
+    assert lost < 16 << 20, f"rank {rank}: {lost} bytes of device memory gone after {count} plans"
+    print(f"rank {rank}/{n} direct leak OK: {count} plans opened and closed in "
+          f"{time.perf_counter() - start:.1f} s; device memory free before {free_before >> 20} MiB, "
+          f"after {free_after >> 20} MiB", flush=True)
+
+
+def main(mode, count):
+    world = MPI.COMM_WORLD
+    comm = cupy_dcp.Communicator.from_mpi(world, backend="mpi", timeout=120)
+    {"exact": lambda: exact(world, comm),
+     "race": lambda: race(world, comm, count),
+     "timeout": lambda: timeout(world, comm),
+     "leak": lambda: leak(world, comm, count)}[mode]()
+
+
+if __name__ == "__main__":
+    run_or_abort(main, sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 100)
