@@ -4,6 +4,12 @@ Each kernel is captured ``--calls`` times in a CUDA graph (so launch overhead
 is not timed) and replayed ``--reps`` times; its bytes read and written per
 call over the median time give GB/s, set beside the device-to-device copy
 bandwidth measured in the same run (bytes read plus written).
+
+The direct path's kernels are timed the same way with N = 2 ranks simulated
+in one process on one GPU: both ranks' push, then both ranks' combine (the
+flags are then set before any combine polls), per rank. The windows are local
+memory here, so this is the kernels' own cost (fences, flags, combine) and
+not the NVLink transfer of a real two-GPU call.
 """
 
 import numpy as np
@@ -11,6 +17,7 @@ import numpy as np
 from .layout import as_dtype, bits_dtype, lse_pack_dim
 from .kernels._arrays import dummy_index, kernel_array
 from .kernels.combine import combine_kind, combine_launch
+from .kernels.direct import STATE_WORDS, direct_combine_launch, push_launch
 from .kernels.pack import pack_launch
 
 SHAPES = [(128, 512), (64, 128)]
@@ -129,3 +136,66 @@ def run_kernels(args):
                 print(f"{B:>6} {H:>4} {D:>4} {p_us:>8.2f} {p_gbs:>10.0f} {100 * p_gbs / copy:>5.0f}% "
                       f"{c_us:>10.2f} {c_gbs:>10.0f} {100 * c_gbs / copy:>5.0f}%  "
                       f"(host {host_us:.1f} us per pack launch)", flush=True)
+        print("direct path, 2 ranks on this one GPU (local windows): us per rank per call", flush=True)
+        for B in args.tokens:
+            direct_us, (push_us, comb_us), pack_combine_us, host_us = _direct_round(
+                cupy, stream, args, dtype, B)
+            print(f"{B:>6} {args.heads:>4} {args.head_dim:>4} push + combine {direct_us:8.2f} us "
+                  f"(push {push_us:.2f}, combine {comb_us:.2f}; pack + combine "
+                  f"{pack_combine_us:.2f} us; host {host_us:.1f} us per push + combine launch)",
+                  flush=True)
+
+
+def _direct_round(cupy, stream, args, dtype, B, n=2):
+    """Per-rank µs of the direct kernels (push + combine), of pack + combine, and the
+    host µs of launching push + combine, for ``n`` ranks simulated on one GPU."""
+    H, D = args.heads, args.head_dim
+    bits, value = bits_dtype(dtype), combine_kind(dtype)[1]
+    shape = (2, n, B, H // n, D + lse_pack_dim(dtype))
+    windows = [cupy.zeros(shape, dtype=bits) for _ in range(n)]
+    flags = [cupy.zeros(n, dtype=cupy.int64) for _ in range(n)]
+    states = [cupy.zeros(STATE_WORDS, dtype=cupy.int64) for _ in range(n)]
+    statuses = [cupy.zeros(n, dtype=cupy.int64) for _ in range(n)]
+    x = cupy.zeros((B, H, D), dtype=dtype)
+    lse = cupy.zeros((B, H), dtype=cupy.float32)
+    outs = [cupy.zeros((B, H // n, D), dtype=dtype) for _ in range(n)]
+    window_arrs = tuple(kernel_array(w, bits) for w in windows)
+    flag_arrs = tuple(kernel_array(f, np.int64) for f in flags)
+    launches = []
+    for r in range(n):
+        launches.append(push_launch(kernel_array(x, bits), kernel_array(lse, np.uint32),
+                                    dummy_index(), dummy_index(), -1, window_arrs, flag_arrs,
+                                    kernel_array(states[r], np.int64), r))
+    for r in range(n):
+        launches.append(direct_combine_launch(
+            dtype, kernel_array(x, value), kernel_array(lse, np.float32), dummy_index(),
+            dummy_index(), -1, window_arrs[r], flag_arrs[r], flag_arrs,
+            kernel_array(states[r], np.int64), kernel_array(statuses[r], np.int64),
+            kernel_array(outs[r], value), None, True, r, 10**9))
+
+    def round_():
+        for kernel, grid, block, kargs in launches:
+            kernel(grid, block, stream.ptr, kargs)
+
+    direct_us = _graph_us(cupy, stream, round_, args.calls, args.reps) / n
+    parts = []
+    for part in (launches[:n], launches[n:]):  # the flags stay set: combines alone do not wait
+        def run_part(part=part):
+            for kernel, grid, block, kargs in part:
+                kernel(grid, block, stream.ptr, kargs)
+        parts.append(_graph_us(cupy, stream, run_part, args.calls, args.reps) / n)
+    send = cupy.zeros(shape[1:], dtype=bits)
+    recv = cupy.zeros_like(send)
+    pk = pack_launch(kernel_array(x, bits), kernel_array(lse, np.uint32), dummy_index(),
+                     dummy_index(), -1, kernel_array(send, bits), kernel_array(recv, bits), 0)
+    ck = combine_launch(dtype, kernel_array(recv, bits), kernel_array(outs[0], value), None, True)
+
+    def pack_combine():
+        for kernel, grid, block, kargs in (pk, ck):
+            kernel(grid, block, stream.ptr, kargs)
+
+    pack_combine_us = _graph_us(cupy, stream, pack_combine, args.calls, args.reps)
+    host_us = _host_launch_us(round_, stream, launches=500) / n
+    if int(statuses[0].any()) or int(statuses[1].any()):
+        raise RuntimeError("a direct combine timed out in the kernel benchmark")
+    return direct_us, parts, pack_combine_us, host_us

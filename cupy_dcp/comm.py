@@ -122,10 +122,10 @@ class Communicator:
             raise RuntimeError(f"device arrays need CuPy and a GPU ({detail})")
         return self._pick_device()
 
-    def barrier(self, what="barrier"):
-        """Wait for every rank, within :attr:`timeout` when one is set (then a
-        ``RuntimeError`` naming ``what``)."""
-        self._wait(self.mpi_comm.Ibarrier(), what, None, None)
+    def barrier(self, what="barrier", timeout=None):
+        """Wait for every rank, within ``timeout`` seconds (``None``: :attr:`timeout`,
+        when one is set); late, a ``RuntimeError`` naming ``what``."""
+        self._wait(self.mpi_comm.Ibarrier(), what, None, None, timeout)
 
     def nccl(self):
         """The NCCL communicator of this group, built on first use (collective).
@@ -230,12 +230,13 @@ class Communicator:
         if self.backend == "nccl":
             raise RuntimeError("this communicator's backend is 'nccl': host arrays need 'mpi' or 'auto'")
 
-    def _wait(self, request, what, send, recv):
-        """Complete a host collective, within :attr:`timeout` when one is set."""
-        if self.timeout is None:
+    def _wait(self, request, what, send, recv, timeout=None):
+        """Complete a host collective, within ``timeout`` (or :attr:`timeout`) when set."""
+        timeout = self.timeout if timeout is None else timeout
+        if timeout is None:
             request.Wait()
             return
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + timeout
         while not request.Test():
             if time.monotonic() > deadline:
                 # MPI may still write into recv: the buffers must outlive the request
@@ -243,7 +244,7 @@ class Communicator:
                 size = "" if send is None else f" of {send.nbytes} bytes"
                 raise RuntimeError(
                     f"MPI {what}{size} did not complete within "
-                    f"{self.timeout} s on rank {self.rank} (a peer rank is missing or stuck); "
+                    f"{timeout} s on rank {self.rank} (a peer rank is missing or stuck); "
                     "the communicator is unusable: abort the job")
             time.sleep(50e-6)
 

@@ -107,7 +107,6 @@ class DcpDirectPlan(_Plan):
         self._window = self._status = None
         self._peers = []
         self._windows = self._flags = ()
-        self._closed = False
         self._timeout_arg = timeout
         super().__init__(comm, max_tokens, num_heads, head_dim, dtype, return_lse,
                          is_lse_base_on_e)
@@ -235,9 +234,10 @@ class DcpDirectPlan(_Plan):
         """Collective: unmap the peers' windows and free this rank's (after every
         rank's work is done). Idempotent.
 
-        If a peer does not reach the close within the communicator's timeout,
-        this rank's window is left allocated (a peer might still write into it)
-        and ``RuntimeError`` is raised.
+        If a peer does not reach the close within the communicator's
+        ``timeout`` (host rendezvous are the communicator's to bound), this
+        rank's window is left allocated (a peer might still write into it) and
+        ``RuntimeError`` is raised.
         """
         if self._closed:
             return
@@ -248,9 +248,10 @@ class DcpDirectPlan(_Plan):
 
         with cupy.cuda.Device(self.comm.device):
             cupy.cuda.runtime.deviceSynchronize()
-            self.comm.barrier("closing the direct path")  # nobody pushes any more
+            # nobody pushes any more, then nobody maps this window any more
+            self.comm.barrier("closing the direct path")
             self._release(cupy, free_window=False)
-            self.comm.barrier("closing the direct path")  # nobody maps this window any more
+            self.comm.barrier("closing the direct path")
             self._release(cupy)
 
     def _release(self, cupy, free_window=True):
@@ -267,12 +268,6 @@ class DcpDirectPlan(_Plan):
                 runtime.freeHost(self._status)
                 self._status = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
 
 def dcp_plan(comm, max_tokens, num_heads, head_dim, dtype, return_lse=False,

@@ -39,6 +39,7 @@ class _Plan:
     """What every plan shares: collective creation, result buffers, call checks."""
 
     strategy = None
+    _closed = False
 
     def __init__(self, comm, max_tokens, num_heads, head_dim, dtype,
                  return_lse=False, is_lse_base_on_e=True):
@@ -114,6 +115,8 @@ class _Plan:
             ``[B, H/N, D]`` (and ``[B, H/N]`` float32 when the plan returns the
             LSE). A group of one returns its inputs.
         """
+        if self._closed:
+            raise RuntimeError(f"this {type(self).__name__} is closed")
         n = self.comm.world_size
         B, H, D, dtype = _checks.check_inputs(cp_attn_out, cp_attn_lse, n)
         if (H, D) != (self.num_heads, self.head_dim) or dtype != self.dtype:
@@ -179,6 +182,20 @@ class _Plan:
         """Wait for this plan's work on ``stream``, within ``timeout`` seconds (see
         :meth:`Communicator.synchronize`): a stuck peer becomes a ``RuntimeError``."""
         self.comm.synchronize(stream, timeout)
+
+    def close(self):
+        """Release the plan's buffers (once its work is done: graphs that captured a
+        call must not replay afterwards); later calls raise. Idempotent; also the
+        end of a ``with`` block."""
+        self._closed = True
+        self._views = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
     def _identity(self, x, lse, out, out_lse):
         """A group of one returns its inputs (copied into ``out`` / ``out_lse`` when given)."""

@@ -2,9 +2,11 @@
 
     mpirun -n 2 python -m mpi4py mpi_examples/decode_loop.py
 
-Each rank builds a ``DcpA2APlan`` once (collective), writes each step's
-partial attention output and LSE into static input buffers, and replays the
-captured graph: pack, NCCL all-to-all and combine, with no host work per step.
+Each rank builds a plan once (collective; ``--strategy``: ``a2a`` is pack,
+NCCL all-to-all, combine; ``direct`` pushes head slices straight into the
+peers' memory, no NCCL, on one node with peer access; ``auto`` picks direct
+where it can run), writes each step's partial attention output and LSE into
+static input buffers, and replays the captured graph: no host work per step.
 Every step's result is checked against the exact combine of all ranks'
 inputs (gathered with MPI); a mismatch exits non-zero. Prints microseconds
 per step for graph replay and for eager calls.
@@ -31,6 +33,8 @@ def parse_args():
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--steps", type=int, default=50, help="decode steps, each checked")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"])
+    p.add_argument("--strategy", default="auto", choices=["auto", "a2a", "direct"],
+                   help="GPU plan (see above)")
     return p.parse_args()
 
 
@@ -77,19 +81,19 @@ def main():
     B, H, D = args.tokens, args.heads, args.head_dim
     hn = H // n
     gpu = gpu_available(args.device)
-    comm = cupy_dcp.Communicator.from_mpi(world, backend="nccl" if gpu else "mpi")
+    comm = cupy_dcp.Communicator.from_mpi(world, backend="auto" if gpu else "mpi")
     worst, tol = 0.0, None
 
     if gpu:
         import cupy
 
-        plan = cupy_dcp.DcpA2APlan(comm, B, H, D, dtype)
+        plan = cupy_dcp.dcp_plan(comm, B, H, D, dtype, strategy=args.strategy)
         x_buf = cupy.zeros((B, H, D), dtype=dtype)  # static inputs the graph reads
         lse_buf = cupy.zeros((B, H), dtype=cupy.float32)
         stream = cupy.cuda.Stream(non_blocking=True)
         with stream:
             plan(x_buf, lse_buf, stream=stream)  # NCCL connects lazily: once eagerly
-            stream.synchronize()
+            plan.synchronize(stream)
             world.Barrier()
             stream.begin_capture()
             result = plan(x_buf, lse_buf, stream=stream)
@@ -112,8 +116,11 @@ def main():
                 stop.record(stream)
                 stop.synchronize()
                 timings[mode] = cupy.cuda.get_elapsed_time(start, stop) * 1e3 / calls
+            plan.synchronize(stream)  # raises if a direct plan's peer went missing
+        plan.close()
         where = cupy.cuda.runtime.getDeviceProperties(comm.device)["name"].decode()
-        summary = f"graph replay {timings['graph']:.1f} us, eager {timings['eager']:.1f} us per step"
+        summary = (f"{type(plan).__name__}: graph replay {timings['graph']:.1f} us, "
+                   f"eager {timings['eager']:.1f} us per step")
     else:
         t0 = time.perf_counter()
         for step in range(args.steps):

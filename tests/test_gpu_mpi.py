@@ -84,3 +84,20 @@ def test_direct_plans_open_and_close_without_leaks():
     out = run_job(2, str(HERE / "direct_worker.py"), "leak", "1000")
     assert out.count("direct leak OK: 1000 plans") == 2, out[-3000:]
     print(out)
+
+
+@requires_gpu
+def test_decode_loop_example_on_the_direct_path():
+    """The decode loop with a direct plan: graph replay, every step checked (two ranks
+    may share one GPU)."""
+    out = run_job(2, str(ROOT / "mpi_examples" / "decode_loop.py"), "--device", "gpu",
+                  "--strategy", "direct", "--steps", "20")
+    assert "DcpDirectPlan: graph replay" in out and "OK: every step" in out, out[-3000:]
+    print(out)
+
+
+@requires_two_gpus
+def test_decode_loop_example_on_the_nccl_path():
+    out = run_job(2, str(ROOT / "mpi_examples" / "decode_loop.py"), "--device", "gpu",
+                  "--strategy", "a2a", "--steps", "20")
+    assert "DcpA2APlan: graph replay" in out and "OK: every step" in out, out[-3000:]
