@@ -53,6 +53,7 @@ class Communicator:
         self.rank = mpi_comm.Get_rank()
         self.world_size = mpi_comm.Get_size()
         self.device = device
+        self._local_rank = None  # this rank's index within its node, once known
         self._nccl = None
 
     @classmethod
@@ -71,7 +72,9 @@ class Communicator:
                 arrays staged through host memory, exact but slow and not
                 capturable in a CUDA graph).
             device: the GPU of this rank; ``None`` picks its rank within the
-                node modulo the visible GPUs.
+                node modulo the visible GPUs. With ``"auto"`` or ``"nccl"``
+                and a GPU present it becomes CuPy's current device now, so
+                that arrays made next live where the plans run.
             timeout: seconds that a host exchange, or :meth:`synchronize`, may
                 take before it raises instead of hanging; ``None`` waits for ever.
 
@@ -87,6 +90,13 @@ class Communicator:
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"comm must be an mpi4py communicator (got {type(comm).__name__})")
         self = cls(comm.Dup(), backend, device, owned=True, timeout=timeout)
+        node = self.mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)  # collective: every rank
+        self._local_rank = node.Get_rank()
+        node.Free()
+        if backend == "auto" and _cupy_problem() is None:
+            # this rank's GPU is current from now on: arrays the caller makes next
+            # land on the device its plans will run on
+            self._pick_device()
         if backend == "nccl":
             try:
                 self.nccl()
@@ -164,9 +174,11 @@ class Communicator:
 
         count = cupy.cuda.runtime.getDeviceCount()
         if self.device is None:
-            node = self.mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
-            local_rank = node.Get_rank()
-            node.Free()
+            local_rank = self._local_rank
+            if local_rank is None:
+                node = self.mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
+                local_rank = node.Get_rank()
+                node.Free()
             self.device = local_rank % count
         cupy.cuda.Device(self.device).use()
         return self.device

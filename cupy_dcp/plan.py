@@ -18,7 +18,8 @@ import numpy as np
 from . import _checks
 from .comm import _cupy_problem, as_communicator
 from .layout import BFLOAT16, as_dtype, bits_dtype, c_strides, check_heads, lse_pack_dim
-from .kernels._arrays import as_cupy, cupy_stream, dummy_index, kernel_array, stream_ptr
+from .kernels._arrays import (as_cupy, cupy_stream, dummy_index, kernel_array, pointer_device,
+                               stream_ptr)
 from .kernels._launch import DeviceArray
 from .kernels._rows import lanes_per_row
 from .kernels.agrs import (correct_kernel, correct_launch, finish_kernel, finish_launch,
@@ -141,11 +142,25 @@ class _Plan:
             result_lse = self._result_lse[:B] if out_lse is None else out_lse
         if B > 0:
             ptr = stream_ptr(stream)
+            self._check_device(cp_attn_out=kernel_array(cp_attn_out, self.bits, "cp_attn_out"),
+                               cp_attn_lse=kernel_array(cp_attn_lse, as_dtype(cp_attn_lse.dtype)),
+                               out=kernel_array(result, self._value, "out"))
             lse, mask = self._stage_inputs(B, cp_attn_lse, seq_lens, query_start_loc, ptr)
             lse_arr = None if result_lse is None else kernel_array(result_lse, np.float32, "out_lse")
             self._run(B, cp_attn_out, lse, mask, kernel_array(result, self._value, "out"),
                       lse_arr, ptr)
         return (result, result_lse) if self.return_lse else result
+
+    def _check_device(self, **arrays):
+        """Raise ``ValueError`` for an array in another GPU's memory: the kernels
+        would fault on it (or, with peer access, read it from afar)."""
+        for name, arr in arrays.items():
+            device = pointer_device(arr.ptr)
+            if device is not None and device != self.comm.device:
+                raise ValueError(
+                    f"{name} is in the memory of GPU {device}, but this plan runs on GPU "
+                    f"{self.comm.device} (make that GPU current before creating the rank's "
+                    f"arrays: cupy.cuda.Device(comm.device).use())")
 
     def _stage_inputs(self, tokens, lse, seq_lens, query_start_loc, ptr):
         """The LSE as float32 and the masks as contiguous int64, on the call's stream.

@@ -14,7 +14,7 @@ from numba import config, cuda
 from ..layout import c_strides
 from ._launch import DeviceArray
 
-__all__ = ["as_cupy", "cupy_stream", "dummy_index", "kernel_array", "stream_ptr"]
+__all__ = ["as_cupy", "cupy_stream", "dummy_index", "kernel_array", "pointer_device", "stream_ptr"]
 
 
 def _cupy():
@@ -107,6 +107,26 @@ def stream_ptr(stream):
     if hasattr(stream, "__cuda_stream__"):
         return int(stream.__cuda_stream__()[1])
     raise TypeError(f"stream must be a CUDA stream or its handle (got {type(stream).__name__})")
+
+
+_MEMORY_TYPE_DEVICE = 2  # cudaMemoryTypeDevice
+
+
+def pointer_device(ptr):
+    """The ordinal of the GPU whose own memory holds ``ptr``; ``None`` for host,
+    managed or unknown memory (and under the simulator)."""
+    if not ptr or config.ENABLE_CUDASIM:
+        return None
+    cupy = _cupy()
+    if cupy is None:
+        return None
+    try:
+        attrs = cupy.cuda.runtime.pointerGetAttributes(ptr)
+    except Exception:  # not a CUDA pointer
+        return None
+    if getattr(attrs, "type", None) != _MEMORY_TYPE_DEVICE:
+        return None
+    return int(attrs.device)
 
 
 _DUMMY = {}

@@ -218,6 +218,7 @@ def leak(world, comm, count):
 def main(mode, count):
     world = MPI.COMM_WORLD
     comm = cupy_dcp.Communicator.from_mpi(world, backend="mpi", timeout=120)
+    comm.select_device()  # before any array is made: each rank's arrays on its own GPU
     {"exact": lambda: exact(world, comm),
      "race": lambda: race(world, comm, count),
      "timeout": lambda: timeout(world, comm),

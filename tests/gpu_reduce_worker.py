@@ -96,8 +96,9 @@ def interop_cases(world, comm):
     except ImportError:
         have_torch = False
     if have_torch:
-        tx = torch.from_numpy(x.view(np.int16).copy()).cuda().view(torch.bfloat16)
-        got, got_lse = cupy_dcp.dcp_a2a_lse_reduce(tx, torch.from_numpy(lse).cuda(), comm,
+        device = f"cuda:{comm.device}"  # this rank's GPU, not torch's default one
+        tx = torch.from_numpy(x.view(np.int16).copy()).to(device).view(torch.bfloat16)
+        got, got_lse = cupy_dcp.dcp_a2a_lse_reduce(tx, torch.from_numpy(lse).to(device), comm,
                                                    return_lse=True)
         torch.cuda.synchronize()
         assert isinstance(got, cupy.ndarray), type(got)
@@ -111,8 +112,11 @@ def interop_cases(world, comm):
     if gpus:
         x32, lse32 = rank_inputs(rank, 301, np.dtype(np.float32), 64, HN * n)
         ref, ref_lse, magnitude = expected(world, x32, lse32, True, False)
-        jx = jax.device_put(x32, gpus[0])
-        jl = jax.device_put(lse32, gpus[0])
+        # this rank's GPU, and the copies complete: the library reads arrays in place
+        # and orders nothing on JAX's streams
+        gpu = next((g for g in gpus if g.id == comm.device), gpus[0])
+        jx = jax.device_put(x32, gpu).block_until_ready()
+        jl = jax.device_put(lse32, gpu).block_until_ready()
         got, got_lse = cupy_dcp.dcp_a2a_lse_reduce(jx, jl, comm, return_lse=True)
         check_rank_result(cupy.asnumpy(got), cupy.asnumpy(got_lse), ref, ref_lse, magnitude,
                           f"rank {rank} JAX inputs")

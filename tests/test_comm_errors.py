@@ -49,3 +49,23 @@ def test_plans_without_a_gpu_are_a_clear_runtime_error(make):
 def test_bad_plan_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         cupy_dcp.dcp_plan(MPI.COMM_SELF, 4, 8, 16, "float32", **kwargs)
+
+
+def test_plans_refuse_arrays_in_another_gpus_memory(monkeypatch):
+    """The device check of plan calls (the pointer query itself needs a GPU)."""
+    from types import SimpleNamespace
+
+    from cupy_dcp import plan as plan_module
+    devices = {1: 1, 2: 0, 3: None}  # pointer -> the GPU that owns it (None: host, managed)
+    monkeypatch.setattr(plan_module, "pointer_device", devices.get)
+    plan = object.__new__(plan_module.DcpA2APlan)
+    plan.comm = SimpleNamespace(device=0)
+    plan._check_device(cp_attn_out=SimpleNamespace(ptr=2), cp_attn_lse=SimpleNamespace(ptr=3))
+    with pytest.raises(ValueError, match=r"^cp_attn_lse is in the memory of GPU 1, but this plan "
+                                         r"runs on GPU 0 \(make that GPU current"):
+        plan._check_device(cp_attn_out=SimpleNamespace(ptr=2), cp_attn_lse=SimpleNamespace(ptr=1))
+
+
+def test_pointer_device_is_none_without_a_gpu_pointer():
+    from cupy_dcp.kernels._arrays import pointer_device
+    assert pointer_device(0) is None
