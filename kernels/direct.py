@@ -192,7 +192,9 @@ def _direct_combine_kernel(kind, n, group=WARP, unroll=UNROLL):
     @cuda.jit(device=True)
     def wait_for_peers(flags, peer_flags, state, status, epoch, me, timeout_ns):
         """Poll every peer's flag for this epoch; on failure record it and tell the peers."""
-        failed = state[2] != 0
+        # state[2] is read past the L1 cache (another block of this grid may set it):
+        # once one block has given up, the others stop waiting too
+        failed = load_acquire(state, 2) != 0
         start = now_ns()
         p = 0
         while p < n and not failed:
@@ -204,6 +206,8 @@ def _direct_combine_kernel(kind, n, group=WARP, unroll=UNROLL):
                         failed = True
                     elif now_ns() - start > timeout_ns:
                         status[p] = timed_out
+                        failed = True
+                    elif load_acquire(state, 2) != 0:
                         failed = True
                     else:
                         pause()

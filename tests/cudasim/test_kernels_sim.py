@@ -116,4 +116,5 @@ def test_direct_strided_masked(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_direct_missing_peer(dtype):
-    check_direct_missing_peer(ident, host, dtype, np.random.default_rng(9))
+    # 40 tokens: three blocks in the combine's grid; the simulator is slow, hence the slack
+    check_direct_missing_peer(ident, host, dtype, np.random.default_rng(9), slack_s=20.0)
