@@ -47,6 +47,9 @@ def parse_args(argv=None):
     p.add_argument("--json", dest="json_path")
     p.add_argument("--plot", dest="plot_path")
     p.add_argument("--kernels", action="store_true", help="time the kernels alone (one GPU)")
+    p.add_argument("--profile", type=int, default=0, metavar="K",
+                   help="after each eager timing, profile K more calls on rank 0 (host time, "
+                        "cProfile) and print the top functions")
     return p.parse_args(argv)
 
 
@@ -181,6 +184,33 @@ def _host_time(fn, reps, calls, world):
     return _stats(_slowest(world, samples))
 
 
+def _profile(comm, fn, calls, stream, top=15):
+    """Where the host time of ``calls`` eager calls goes (cProfile on rank 0; every rank
+    makes the same calls, so that the collectives match)."""
+    import cProfile
+    import io
+    import pstats
+
+    comm.mpi_comm.Barrier()
+    profiler = cProfile.Profile() if comm.rank == 0 else None
+    if profiler is not None:
+        profiler.enable()
+    for _ in range(calls):
+        fn()
+    if profiler is not None:
+        profiler.disable()
+    if stream is not None:
+        stream.synchronize()
+    comm.mpi_comm.Barrier()
+    if profiler is not None:
+        text = io.StringIO()
+        stats = pstats.Stats(profiler, stream=text)
+        stats.sort_stats("tottime").print_stats(top)
+        print(f"host profile of {calls} calls (sorted by own time):", flush=True)
+        print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:6000],
+              flush=True)
+
+
 # ------------------------------------------------------------------ reporting
 
 def _table(records):
@@ -253,6 +283,8 @@ def run(args):
                            ratio_to_floor=round(med / floor, 3) if floor else float("nan"))
                 records.append(rec)
                 _say(comm, f"  B={B:<5} {mode:<5} {strategy:<13} median {med:8.1f} us  p90 {p90:8.1f} us")
+                if args.profile and mode == "eager":
+                    _profile(comm, cases[strategy], args.profile, stream)
         for close in closers:
             close()
     _say(comm, "\n" + _table(records))

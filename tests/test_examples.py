@@ -32,7 +32,7 @@ def test_bench_runs_on_host_arrays(mpiexec, tmp_path):
     out_json = tmp_path / "bench.json"
     cmd = mpiexec(2, sys.executable, "-m", "mpi4py", "-m", "cupy_dcp.bench", "--device", "cpu",
                   "--tokens", "1,8", "--heads", "8", "--head-dim", "16", "--reps", "3",
-                  "--calls", "3", "--json", str(out_json))
+                  "--calls", "3", "--json", str(out_json), "--profile", "4")
     proc = subprocess.run(cmd, env=mpiexec_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     records = json.loads(out_json.read_text())
@@ -44,3 +44,6 @@ def test_bench_runs_on_host_arrays(mpiexec, tmp_path):
         assert keys <= set(r) and r["median_us"] > 0 and r["p90_us"] >= r["median_us"], r
         assert r["world_size"] == 2 and r["mode"] == "eager"
     assert {r["tokens"] for r in records} == {1, 8}
+    # --profile: one profile per eager timing, naming the library's own functions
+    assert proc.stdout.count("host profile of 4 calls") == 6, proc.stdout[-3000:]
+    assert "reduce.py" in proc.stdout
