@@ -11,8 +11,9 @@ slice from the input. Nothing synchronises the host, so a call can be
 captured in a CUDA graph and replayed.
 
 A peer that does not arrive within ``timeout`` seconds makes the waiting
-kernel give up: it writes NaN into that call's result and records the peer
-in host-mapped memory; the plan's next call, :meth:`DcpDirectPlan.check` or
+kernel give up: its blocks that have not combined yet write NaN (rows that
+had combined before keep exact values: treat the whole call as failed), and
+it records the peer in host-mapped memory; the plan's next call, :meth:`DcpDirectPlan.check` or
 :meth:`DcpDirectPlan.synchronize` raises a ``RuntimeError`` naming it. The
 plan is dead after that: its peers fail too (fast: the failing rank tells
 them), and it must be closed.
@@ -34,7 +35,7 @@ from .kernels._arrays import kernel_array
 __all__ = ["DcpDirectPlan", "dcp_plan", "direct_problem"]
 
 DEFAULT_TIMEOUT = 30.0
-_FLAGS_BYTES = 512  # the window's flags, padded so that the slots start 512-byte aligned
+_MAX_TIMEOUT = 1e9  # seconds; its nanoseconds must fit the kernel's int64
 _HOST_ALLOC_PORTABLE_MAPPED = 3  # cudaHostAllocPortable | cudaHostAllocMapped
 
 
@@ -120,9 +121,10 @@ class DcpDirectPlan(_Plan):
     def _check_args(self):
         timeout = self._timeout_arg if self._timeout_arg is not None else self.comm.timeout
         timeout = DEFAULT_TIMEOUT if timeout is None else timeout
-        if not (isinstance(timeout, (int, float)) and timeout > 0):
-            raise ValueError(f"timeout must be > 0 seconds (got {timeout!r})")
+        if not (isinstance(timeout, (int, float)) and 0 < timeout <= _MAX_TIMEOUT):
+            raise ValueError(f"timeout must be > 0 and <= {_MAX_TIMEOUT:g} seconds (got {timeout!r})")
         self.timeout = float(timeout)
+        return dict(timeout=self.timeout)  # a rank that gave up sooner would stop pushing
 
     def _allocate(self, cupy):
         comm = self.comm
@@ -131,7 +133,9 @@ class DcpDirectPlan(_Plan):
             return
         self._width = self.head_dim + lse_pack_dim(self.dtype)
         self._slot_elements = n * self.max_tokens * self.local_heads * self._width
-        nbytes = _FLAGS_BYTES + 2 * self._slot_elements * self.bits.itemsize
+        # the flags, padded so that the slots start 512-byte aligned
+        self._flags_bytes = -(-8 * n // 512) * 512
+        nbytes = self._flags_bytes + 2 * self._slot_elements * self.bits.itemsize
         runtime = cupy.cuda.runtime
         error = None
         try:
@@ -171,9 +175,16 @@ class DcpDirectPlan(_Plan):
         self._status_arr = DeviceArray(self._status, (n,), (8,), np.int64, self)
         self._flags = tuple(DeviceArray(b, (n,), (8,), np.int64, self) for b in bases)
         shape = (2, n, self.max_tokens, self.local_heads, self._width)
-        self._windows = tuple(DeviceArray(b + _FLAGS_BYTES, shape, c_strides(shape, self.bits.itemsize),
+        self._windows = tuple(DeviceArray(b + self._flags_bytes, shape, c_strides(shape, self.bits.itemsize),
                                           self.bits, self) for b in bases)
-        comm.barrier("setting up the direct path")  # every window is zeroed and mapped
+        try:
+            comm.barrier("setting up the direct path")  # every window is zeroed and mapped
+        except RuntimeError:
+            # a late peer may still get past this barrier and push into our window:
+            # leave it allocated, unmap theirs
+            self._release(cupy, free_window=False)
+            self._closed = True
+            raise
 
     def _warm_up(self):
         n = self.comm.world_size
@@ -192,20 +203,21 @@ class DcpDirectPlan(_Plan):
         windows = self._windows
         me = self.comm.rank
         lse_bits = DeviceArray(lse.ptr, lse.shape, lse.strides, np.uint32, lse.owner)
-        kernel, grid, block, args = push_launch(
-            kernel_array(x, self.bits, "cp_attn_out"), lse_bits, *mask, windows, self._flags,
-            self._state_arr, me)
-        kernel(grid, block, ptr, args)
-        kernel, grid, block, args = direct_combine_launch(
+        # Both launches are prepared before either runs: a push without its combine
+        # would advance this rank's epoch alone and void the slot argument.
+        push = push_launch(kernel_array(x, self.bits, "cp_attn_out"), lse_bits, *mask, windows,
+                           self._flags, self._state_arr, me)
+        combine = direct_combine_launch(
             self.dtype, kernel_array(x, self._value, "cp_attn_out"), lse, *mask, windows[me],
             self._flags[me], self._flags, self._state_arr, self._status_arr, result, result_lse,
             self.base_e, me, int(self.timeout * 1e9))
-        kernel(grid, block, ptr, args)
+        for kernel, grid, block, args in (push, combine):
+            kernel(grid, block, ptr, args)
 
     def check(self):
         """Raise ``RuntimeError`` if a call of this plan has failed a wait (it reads
-        host-mapped memory: no synchronisation). Results of that call and of
-        every later one are NaN."""
+        host-mapped memory: no synchronisation). That call's result is void (NaN
+        where the kernel gave up), every later one NaN."""
         if self._closed:
             raise RuntimeError("this DcpDirectPlan is closed")
         if self._status is None:
@@ -222,12 +234,34 @@ class DcpDirectPlan(_Plan):
                     what.append(f"rank {rank}: status {codes[rank]}")
             raise RuntimeError(
                 f"rank {self.comm.rank}: a direct combine gave up waiting ({'; '.join(what)}); "
-                "that call's result is NaN and the plan is unusable: close it")
+                "that call's result is void (NaN where it gave up) and the plan is unusable: "
+                "close it")
 
     def synchronize(self, stream=None, timeout=None):
-        """Wait for this plan's work on ``stream`` (bounded, see
-        :meth:`Communicator.synchronize`), then :meth:`check`."""
-        self.comm.synchronize(stream, timeout)
+        """Wait for the work on ``stream``, then :meth:`check`.
+
+        The kernels' own waits are bounded by the plan's ``timeout``, so this
+        returns: ``timeout`` (seconds) only bounds the host's wait, by default
+        the communicator's plus the plan's (queued work delays the kernels'
+        clocks). Past it, ``RuntimeError``; no NCCL communicator is aborted.
+        """
+        import time
+
+        import cupy
+
+        from .kernels._arrays import cupy_stream, stream_ptr
+
+        event = cupy.cuda.Event(block=False, disable_timing=True)
+        event.record(cupy_stream(stream_ptr(stream)))
+        if timeout is None and self.comm.timeout is not None:
+            timeout = self.comm.timeout + self.timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not event.done:
+            if deadline is not None and time.monotonic() > deadline:
+                self.check()
+                raise RuntimeError(f"rank {self.comm.rank}: the work on the stream did not "
+                                   f"complete within {timeout} s")
+            time.sleep(20e-6)
         self.check()
 
     def close(self):
@@ -235,9 +269,9 @@ class DcpDirectPlan(_Plan):
         rank's work is done). Idempotent.
 
         If a peer does not reach the close within the communicator's
-        ``timeout`` (host rendezvous are the communicator's to bound), this
-        rank's window is left allocated (a peer might still write into it) and
-        ``RuntimeError`` is raised.
+        ``timeout`` plus the plan's, this rank's window is left allocated (a
+        peer might still write into it) and ``RuntimeError`` is raised; the
+        mappings of the peers' windows are closed either way.
         """
         if self._closed:
             return
@@ -247,11 +281,13 @@ class DcpDirectPlan(_Plan):
         import cupy
 
         with cupy.cuda.Device(self.comm.device):
-            cupy.cuda.runtime.deviceSynchronize()
-            # nobody pushes any more, then nobody maps this window any more
-            self.comm.barrier("closing the direct path")
-            self._release(cupy, free_window=False)
-            self.comm.barrier("closing the direct path")
+            cupy.cuda.runtime.deviceSynchronize()  # this rank's kernels are done
+            self._release(cupy, free_window=False)  # so its mappings can go
+            # Past the barrier every rank has done both: nobody writes into or maps
+            # this window any more. The wait allows for a peer still in its last
+            # combine's bounded wait.
+            limit = None if self.comm.timeout is None else self.comm.timeout + self.timeout
+            self.comm.barrier("closing the direct path", limit)
             self._release(cupy)
 
     def _release(self, cupy, free_window=True):
@@ -283,9 +319,15 @@ def dcp_plan(comm, max_tokens, num_heads, head_dim, dtype, return_lse=False,
     if strategy not in ("auto", "direct", "a2a"):
         raise ValueError(f"strategy must be 'auto', 'direct' or 'a2a' (got {strategy!r})")
     comm = as_communicator(comm)
-    if strategy == "auto":
-        strategy = "direct" if comm.world_size > 1 and direct_problem(comm) is None else "a2a"
-    if strategy == "direct":
+    if strategy == "auto" and comm.world_size > 1 and direct_problem(comm) is None:
+        try:
+            return DcpDirectPlan(comm, max_tokens, num_heads, head_dim, dtype, return_lse,
+                                 is_lse_base_on_e, timeout)
+        except RuntimeError as exc:  # raised on every rank alike (e.g. IPC refused)
+            import warnings
+            warnings.warn(f"cupy_dcp: the direct path failed to set up ({exc}); "
+                          "using the NCCL all-to-all", RuntimeWarning, stacklevel=2)
+    elif strategy == "direct":
         return DcpDirectPlan(comm, max_tokens, num_heads, head_dim, dtype, return_lse,
                              is_lse_base_on_e, timeout)
     return DcpA2APlan(comm, max_tokens, num_heads, head_dim, dtype, return_lse, is_lse_base_on_e)

@@ -49,14 +49,14 @@ class _Plan:
         name = type(self).__name__
         try:  # a rank whose arguments are bad makes every rank raise, not wait
             dtype = _check_plan_args(n, max_tokens, num_heads, head_dim, dtype)
-            self._check_args()
+            extra = self._check_args()
             problem = _cupy_problem()
             if problem is not None:
                 raise RuntimeError(f"{name} needs CuPy and a GPU: {problem}")
             fields = dict(world_size=n, max_tokens=int(max_tokens), num_heads=int(num_heads),
                           head_dim=int(head_dim), dtype=dtype.name, return_lse=bool(return_lse),
                           is_lse_base_on_e=bool(is_lse_base_on_e), strategy=self.strategy,
-                          arrays="device")
+                          arrays="device", **extra)
         except (ValueError, TypeError, RuntimeError) as exc:
             comm.agree(name, dict(error=exc))
             raise
@@ -79,12 +79,14 @@ class _Plan:
             self._seq = cupy.empty(max_tokens, dtype=cupy.int64)
             self._qsl = cupy.empty(max_tokens + 1, dtype=cupy.int64)
             self._no_mask = dummy_index()
+            self._views = {}
+            self._warm_up()  # compiled before any exchange buffer exists: nothing to undo
             self._allocate(cupy)
-        self._views = {}
-        self._warm_up()
 
     def _check_args(self):
-        """Raise ``ValueError`` for a bad argument of a subclass (checked collectively)."""
+        """Raise ``ValueError`` for a bad argument of a subclass; return the fields of
+        its own that every rank must agree on (a dict)."""
+        return {}
 
     def _prepare_device(self):
         """Collective: make the communicator ready for this plan's exchanges."""

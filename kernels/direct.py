@@ -46,7 +46,8 @@ A failed wait (a peer missing for ``timeout_ns``, or a peer that announced
 its own failure with flag ``-1``) records, in the host-visible ``status[N]``,
 ``1`` (timed out) or ``2`` (peer failed) for that peer, sets ``state[2]``,
 stores ``-1`` into its own flag at every peer (so they fail fast instead of
-waiting), and writes NaN into this call's output. Nothing traps: the host
+waiting), and writes NaN into the rows of every block that has not combined
+yet (the others stop waiting once one has given up). Nothing traps: the host
 reads ``status`` and raises.
 """
 

@@ -150,7 +150,7 @@ def timeout(world, comm, bound=2.0):
     world.Barrier()
     if rank == 0:
         start = time.monotonic()
-        plan(xd, ld)  # rank 1 skips this call
+        got = plan(xd, ld)  # rank 1 skips this call
         try:
             plan.synchronize(timeout=bound + 30)
         except RuntimeError as exc:
@@ -160,6 +160,7 @@ def timeout(world, comm, bound=2.0):
         waited = time.monotonic() - start
         assert f"rank 1 did not arrive within {bound} s" in message, message
         assert bound * 0.9 <= waited <= bound + 10, waited
+        assert bool(cupy.isnan(got.astype(cupy.float32)).all()), "rank 0: a failed call left data"
         try:
             plan(xd, ld)
         except RuntimeError as exc:

@@ -284,7 +284,10 @@ def check_direct_missing_peer(to_device, to_host, dtype, rng, timeout_ns=50_000_
     assert np.isnan(to_host(outs[1]).astype(np.float32)).all()
     assert to_host(ranks.status_owners[1]).tolist() == [PEER_FAILED, 0]
     before = to_host(ranks.owners[1]).copy()
-    ranks.push(0, xd[0], ld[0])  # rank 0's call 3: dead, pushes nothing
+    start = time.monotonic()
+    ranks.push(0, xd[0], ld[0])  # rank 0's call 3: dead, pushes nothing, waits for nothing
     ranks.combine(0, xd[0], ld[0], outs[0], lses[0])
     assert np.isnan(to_host(outs[0]).astype(np.float32)).all()
+    dead_call = time.monotonic() - start
+    assert dead_call < waited - 0.5 * timeout_ns * 1e-9, (dead_call, waited)
     np.testing.assert_array_equal(to_host(ranks.owners[1]), before)

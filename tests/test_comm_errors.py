@@ -44,8 +44,9 @@ def test_plans_without_a_gpu_are_a_clear_runtime_error(make):
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(strategy="nccl"), r"^strategy must be 'auto', 'direct' or 'a2a' \(got 'nccl'\)$"),
-    (dict(strategy="direct", timeout=0), r"^timeout must be > 0 seconds \(got 0\)$"),
-], ids=["strategy", "timeout"])
+    (dict(strategy="direct", timeout=0), r"^timeout must be > 0 and <= 1e\+09 seconds \(got 0\)$"),
+    (dict(strategy="direct", timeout=float("inf")), r"^timeout must be .* \(got inf\)$"),
+], ids=["strategy", "timeout", "infinite_timeout"])
 def test_bad_plan_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         cupy_dcp.dcp_plan(MPI.COMM_SELF, 4, 8, 16, "float32", **kwargs)

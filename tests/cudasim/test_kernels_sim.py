@@ -117,4 +117,5 @@ def test_direct_strided_masked(dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_direct_missing_peer(dtype):
     # 40 tokens: three blocks in the combine's grid; the simulator is slow, hence the slack
-    check_direct_missing_peer(ident, host, dtype, np.random.default_rng(9), slack_s=20.0)
+    check_direct_missing_peer(ident, host, dtype, np.random.default_rng(9), timeout_ns=2 * 10**9,
+                              slack_s=20.0)
