@@ -66,6 +66,14 @@ def test_direct_plan_exact():
 
 
 @requires_gpu
+def test_direct_plan_exact_on_four_ranks():
+    """Four ranks (sharing the GPUs there are): every rank skips itself among three
+    peers, and the combine pairs an odd number of shards."""
+    out = run_job(4, str(HERE / "direct_worker.py"), "exact")
+    assert "direct exact OK" in out and "on 4 ranks" in out, out[-3000:]
+
+
+@requires_gpu
 def test_direct_plan_race_eager_and_graph():
     out = run_job(2, str(HERE / "direct_worker.py"), "race", str(RACE_CALLS))
     assert out.count(f"direct race OK: {RACE_CALLS} eager calls") == 2, out[-3000:]
