@@ -47,7 +47,7 @@ def _row_weights(f):
 @functools.cache
 def _correct_kernel(kind, group):
     f = device_functions()
-    _, _, decode, _, _ = _codecs(kind, f)
+    _, _, decode, _, _ = _codecs(kind)
     row_weights, shard_weight, zero = _row_weights(f), f["shard_weight"], f["zero"]
     u64 = np.uint64
     u_group, u_step = u64(group), u64(group * UNROLL)
@@ -91,7 +91,7 @@ def _correct_kernel(kind, group):
 @functools.cache
 def _finish_kernel(kind, group):
     f = device_functions()
-    _, _, _, _, encode = _codecs(kind, f)
+    _, _, _, _, encode = _codecs(kind)
     row_weights, global_lse = _row_weights(f), f["global_lse"]
     u64 = np.uint64
     u_group, u_step = u64(group), u64(group * UNROLL)

@@ -30,11 +30,14 @@ __all__ = ["combine_kernel", "combine_kind", "combine_launch", "unpack_combine"]
 
 
 _F32, _F16, _BF16, _BF16X2 = "float32", "float16", "bfloat16", "bfloat16x2"
+RAW = {_F32: np.float32, _F16: np.float16, _BF16: np.uint16, _BF16X2: np.uint32}  # as loaded
 
 
-def _codecs(kind, f):
+@functools.cache
+def _codecs(kind):
     """Device functions that decode the low and high value of a loaded word, encode
     one output word from two accumulators, and read one shard's LSE."""
+    f = device_functions()
     as_float, as_bits = f["as_float"], f["as_bits"]
     bf16_to_f32_bits, f32_to_bf16_bits = f["bf16_to_f32_bits"], f["f32_to_bf16_bits"]
     low16, high16, sixteen = np.uint32(0xFFFF), np.uint32(0xFFFF0000), np.uint32(16)
@@ -106,12 +109,50 @@ def _codecs(kind, f):
 
 
 @functools.cache
+def row_accumulator(kind, group=WARP, unroll=UNROLL):
+    """Device functions ``add_weighted(acc, first, second, w0, w1, base, d_count)``
+    (two shards' loaded values, weighted, into the float32 accumulators; a zero
+    weight adds nothing, even NaN) and ``store_row(dst, acc, base, d_count)``
+    (the accumulators rounded once into the output), for this lane's ``unroll``
+    elements from ``base`` in steps of ``group``. Shared by the combine kernels.
+    """
+    _, _, decode_lo, decode_hi, encode = _codecs(kind)
+    pairs = kind == _BF16X2  # each element is a word of two values
+    zero = device_functions()["zero"]
+    u64 = np.uint64
+    u_group = u64(group)
+    jit = cuda.jit(device=True)
+
+    @jit
+    def add_weighted(acc, first, second, w0, w1, base, d_count):
+        for k in range(unroll):
+            if base + u64(k) * u_group < d_count:
+                if w0 != zero:
+                    acc[k] += w0 * decode_lo(first[k])
+                    if pairs:
+                        acc[unroll + k] += w0 * decode_hi(first[k])
+                if w1 != zero:
+                    acc[k] += w1 * decode_lo(second[k])
+                    if pairs:
+                        acc[unroll + k] += w1 * decode_hi(second[k])
+
+    @jit
+    def store_row(dst, acc, base, d_count):
+        for k in range(unroll):
+            d = base + u64(k) * u_group
+            if d < d_count:
+                dst[d] = encode(acc[k], acc[unroll + k])
+
+    return add_weighted, store_row
+
+
+@functools.cache
 def _combine_kernel(kind, group=WARP, unroll=UNROLL):
     f = device_functions()
     accumulators = 2 * unroll  # low and high value of each word in pairs mode
-    lse_lanes, load_lse, decode_lo, decode_hi, encode = _codecs(kind, f)
-    pairs = kind == _BF16X2  # each element is a word of two values
-    raw = {_F32: np.float32, _F16: np.float16, _BF16: np.uint16, _BF16X2: np.uint32}[kind]
+    lse_lanes, load_lse = _codecs(kind)[:2]
+    add_weighted, store_row = row_accumulator(kind, group, unroll)
+    raw = RAW[kind]
     clean_lse, finish_max, lse_exp = f["clean_lse"], f["finish_max"], f["lse_exp"]
     inverse_total, global_lse, shard_weight = f["inverse_total"], f["global_lse"], f["shard_weight"]
     zero, neg_inf = f["zero"], f["neg_inf"]
@@ -172,21 +213,9 @@ def _combine_kernel(kind, group=WARP, unroll=UNROLL):
                     w1 = zero
                     if r1 != r:
                         w1 = shard_weight(load_lse(low, high, r1), m, inv_total, base_e)
-                    for k in range(unroll):  # a zero weight adds nothing, even NaN
-                        if base + u64(k) * u_group < d_count:
-                            if w0 != zero:
-                                acc[k] += w0 * decode_lo(first[k])
-                                if pairs:
-                                    acc[unroll + k] += w0 * decode_hi(first[k])
-                            if w1 != zero:
-                                acc[k] += w1 * decode_lo(second[k])
-                                if pairs:
-                                    acc[unroll + k] += w1 * decode_hi(second[k])
+                    add_weighted(acc, first, second, w0, w1, base, d_count)
                     r += u_two
-                for k in range(unroll):
-                    d = base + u64(k) * u_group
-                    if d < d_count:
-                        dst[d] = encode(acc[k], acc[unroll + k])
+                store_row(dst, acc, base, d_count)
                 base += u_step
             row += row_step
 

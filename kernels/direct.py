@@ -58,10 +58,10 @@ from numba import cuda, float32, types
 
 from ._device import device_functions
 from ._launch import DeviceArray, SpecializedKernel, array_type
-from ._math import NEG_INF_BITS
 from ._rows import UNROLL, WARP, lanes_per_row, row_cursor, row_grid
 from ._sync import sync_functions
-from .combine import _BF16, _BF16X2, _codecs, combine_kind
+from .combine import _BF16, _BF16X2, RAW, _codecs, combine_kind, row_accumulator
+from .pack import packed_row_writer
 
 __all__ = ["STATE_WORDS", "TIMED_OUT", "PEER_FAILED", "direct_combine_kernel",
            "direct_combine_launch", "push_kernel", "push_launch"]
@@ -72,15 +72,12 @@ TIMED_OUT, PEER_FAILED = 1, 2
 
 @functools.cache
 def _push_kernel(n, group=WARP):
-    row_is_empty = device_functions()["row_is_empty"]
+    write_packed_row = packed_row_writer(group)
     store_release = sync_functions()["store_release"]
-    neg_inf_bits = np.uint32(NEG_INF_BITS)
-    low16, sixteen = np.uint32(0xFFFF), np.uint32(16)
-    step = group * UNROLL
     cursor = row_cursor()
 
     u64 = np.uint64
-    u_group, u_step, u_one, u_n = u64(group), u64(step), u64(1), u64(n)
+    u_group, u_one, u_n = u64(group), u64(1), u64(n)
 
     @cuda.jit
     def push(data, lse_bits, seq_lens, query_start_loc, num_seqs, windows, flags, state,
@@ -95,34 +92,14 @@ def _push_kernel(n, group=WARP):
         alive = state[2] == 0
         rows = (u_n - u_one) * b_count * hn if alive else u64(0)
         lane, row, row_step = cursor(u_group)
-        buf = cuda.local.array(UNROLL, windows[0].dtype)
         while row < rows:
             h = row % hn
             b = (row // hn) % b_count
             k = row // (b_count * hn)
             j = k + u_one if k >= me else k  # the peers, this rank skipped
-            src = data[b, j * hn + h]
-            dst = windows[j][slot, me, b, h]
-            base = lane
-            while base < d_count:
-                for q in range(UNROLL):  # every load issued before any store
-                    d = base + u64(q) * u_group
-                    if d < d_count:
-                        buf[q] = src[d]
-                for q in range(UNROLL):
-                    d = base + u64(q) * u_group
-                    if d < d_count:
-                        dst[d] = buf[q]
-                base += u_step
-            if lane == 0:
-                bits = np.uint32(lse_bits[b, j * hn + h])
-                if row_is_empty(np.int64(b), seq_lens, query_start_loc, num_seqs):
-                    bits = neg_inf_bits
-                if width - d_count == u_one:
-                    dst[d_count] = bits
-                else:
-                    dst[d_count] = bits & low16
-                    dst[d_count + u_one] = (bits >> sixteen) & low16
+            head = j * hn + h
+            write_packed_row(data[b, head], windows[j][slot, me, b, h], lse_bits, b, head,
+                             seq_lens, query_start_loc, num_seqs, lane, d_count, width)
             row += row_step
         cuda.syncthreads()  # the block's stores, before its first thread's fence
         if cuda.threadIdx.x == 0 and cuda.threadIdx.y == 0:
@@ -178,9 +155,9 @@ def _direct_combine_kernel(kind, n, group=WARP, unroll=UNROLL):
                                                   s["now_ns"], s["pause"])
     row_is_empty = f["row_is_empty"]
     accumulators = 2 * unroll
-    lse_lanes, load_lse, decode_lo, decode_hi, encode = _codecs(kind, f)
-    pairs = kind == _BF16X2
-    raw = {"float32": np.float32, "float16": np.float16, _BF16: np.uint16, _BF16X2: np.uint32}[kind]
+    lse_lanes, load_lse, _, _, encode = _codecs(kind)
+    add_weighted, store_row = row_accumulator(kind, group, unroll)
+    raw = RAW[kind]
     clean_lse, finish_max, lse_exp = f["clean_lse"], f["finish_max"], f["lse_exp"]
     inverse_total, global_lse, shard_weight = f["inverse_total"], f["global_lse"], f["shard_weight"]
     zero, neg_inf, nan = f["zero"], f["neg_inf"], float32(np.nan)
@@ -305,21 +282,9 @@ def _direct_combine_kernel(kind, n, group=WARP, unroll=UNROLL):
                     w1 = zero
                     if p1 != p:
                         w1 = shard_weight(load_lse(low, high, r1), m, inv_total, base_e)
-                    for k in range(unroll):  # a zero weight adds nothing, even NaN
-                        if base + u64(k) * u_group < d_count:
-                            if w0 != zero:
-                                acc[k] += w0 * decode_lo(first[k])
-                                if pairs:
-                                    acc[unroll + k] += w0 * decode_hi(first[k])
-                            if w1 != zero:
-                                acc[k] += w1 * decode_lo(second[k])
-                                if pairs:
-                                    acc[unroll + k] += w1 * decode_hi(second[k])
+                    add_weighted(acc, first, second, w0, w1, base, d_count)
                     p += u_two
-                for k in range(unroll):
-                    d = base + u64(k) * u_group
-                    if d < d_count:
-                        dst[d] = encode(acc[k], acc[unroll + k])
+                store_row(dst, acc, base, d_count)
                 base += u_step
             row += row_step
 

@@ -4,9 +4,8 @@
 the float32 LSE's bits (see ``cupy_dcp.layout``). The kernel copies bit
 patterns (uint16 or uint32), so one kernel serves every dtype.
 
-One warp per (rank, token, head) row; each lane moves ``UNROLL`` elements per
-step, loading them all before it stores any, so that enough loads are in
-flight to run at memory bandwidth.
+A group of lanes per (rank, token, head) row (see ``_rows``), which writes it
+with :func:`packed_row_writer`.
 """
 
 import functools
@@ -28,15 +27,58 @@ __all__ = ["pack_kernel", "pack_launch", "pack_send"]
 
 
 @functools.cache
-def _pack_kernel(group=WARP):
+def packed_row_writer(group=WARP):
+    """Device function ``write_packed_row(src, dst, lse_bits, b, head, seq_lens,
+    query_start_loc, num_seqs, lane, d_count, width)``: this lane's share of one
+    packed row, ``dst[:D] = src`` and the bits of ``lse_bits[b, head]`` (``-inf``
+    for an empty or padding token ``b``) in ``dst[D:]``, for rows of ``group``
+    lanes.
+
+    Each lane moves ``UNROLL`` elements per step, loading them all before it
+    stores any, so that enough loads are in flight to run at memory bandwidth.
+    Shared by the pack kernel and the direct path's push.
+    """
     row_is_empty = device_functions()["row_is_empty"]
     neg_inf_bits = np.uint32(NEG_INF_BITS)
     low16, sixteen = np.uint32(0xFFFF), np.uint32(16)
-    step = group * UNROLL
+    u64 = np.uint64
+    u_group, u_step, u_one = u64(group), u64(group * UNROLL), u64(1)
+
+    @cuda.jit(device=True)
+    def write_packed_row(src, dst, lse_bits, b, head, seq_lens, query_start_loc, num_seqs,
+                         lane, d_count, width):
+        buf = cuda.local.array(UNROLL, dst.dtype)
+        base = lane
+        while base < d_count:
+            for k in range(UNROLL):  # every load issued before any store
+                d = base + u64(k) * u_group
+                if d < d_count:
+                    buf[k] = src[d]
+            for k in range(UNROLL):
+                d = base + u64(k) * u_group
+                if d < d_count:
+                    dst[d] = buf[k]
+            base += u_step
+        if lane == 0:
+            bits = np.uint32(lse_bits[b, head])
+            if row_is_empty(np.int64(b), seq_lens, query_start_loc, num_seqs):
+                bits = neg_inf_bits
+            if width - d_count == u_one:
+                dst[d_count] = bits
+            else:
+                dst[d_count] = bits & low16
+                dst[d_count + u_one] = (bits >> sixteen) & low16
+
+    return write_packed_row
+
+
+@functools.cache
+def _pack_kernel(group=WARP):
+    write_packed_row = packed_row_writer(group)
     cursor = row_cursor()
 
     u64 = np.uint64
-    u_group, u_step, u_one = u64(group), u64(step), u64(1)
+    u_group = u64(group)
 
     # Indices are unsigned so that Numba emits no negative-index wraparound.
     @cuda.jit
@@ -47,35 +89,15 @@ def _pack_kernel(group=WARP):
         width = u64(send.shape[3])
         d_count = u64(data.shape[2])
         lane, row, row_step = cursor(u_group)
-        buf = cuda.local.array(UNROLL, np.uint32)
         while row < rows:
             h = row % hn
             b = (row // hn) % b_count
             r = row // (b_count * hn)
             head = r * hn + h
-            src = data[b, head]
             # our own chunk skips the exchange: it goes straight to the receive buffer
             dst = recv[r, b, h] if self_rank >= 0 and r == u64(self_rank) else send[r, b, h]
-            base = lane
-            while base < d_count:
-                for k in range(UNROLL):  # every load issued before any store
-                    d = base + u64(k) * u_group
-                    if d < d_count:
-                        buf[k] = src[d]
-                for k in range(UNROLL):
-                    d = base + u64(k) * u_group
-                    if d < d_count:
-                        dst[d] = buf[k]
-                base += u_step
-            if lane == 0:
-                bits = np.uint32(lse_bits[b, head])
-                if row_is_empty(np.int64(b), seq_lens, query_start_loc, num_seqs):
-                    bits = neg_inf_bits
-                if width - d_count == u_one:
-                    dst[d_count] = bits
-                else:
-                    dst[d_count] = bits & low16
-                    dst[d_count + u_one] = (bits >> sixteen) & low16
+            write_packed_row(data[b, head], dst, lse_bits, b, head, seq_lens, query_start_loc,
+                             num_seqs, lane, d_count, width)
             row += row_step
 
     return pack
