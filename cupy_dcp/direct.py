@@ -198,17 +198,16 @@ class DcpDirectPlan(_Plan):
             if self.dtype == BFLOAT16:
                 direct_combine_kernel(self.dtype, n, True, lanes_per_row(D // 2))
 
-    def _run(self, tokens, x, lse, mask, result, result_lse, ptr):
+    def _run(self, tokens, x_bits, lse, mask, result, result_lse, ptr):
         self.check()
         windows = self._windows
         me = self.comm.rank
-        lse_bits = DeviceArray(lse.ptr, lse.shape, lse.strides, np.uint32, lse.owner)
         # Both launches are prepared before either runs: a push without its combine
         # would advance this rank's epoch alone and void the slot argument.
-        push = push_launch(kernel_array(x, self.bits, "cp_attn_out"), lse_bits, *mask, windows,
-                           self._flags, self._state_arr, me)
+        push = push_launch(x_bits, lse.view(np.uint32), *mask, windows, self._flags,
+                           self._state_arr, me)
         combine = direct_combine_launch(
-            self.dtype, kernel_array(x, self._value, "cp_attn_out"), lse, *mask, windows[me],
+            self.dtype, x_bits.view(self._value), lse, *mask, windows[me],
             self._flags[me], self._flags, self._state_arr, self._status_arr, result, result_lse,
             self.base_e, me, int(self.timeout * 1e9))
         for kernel, grid, block, args in (push, combine):

@@ -144,13 +144,12 @@ class _Plan:
             result_lse = self._result_lse[:B] if out_lse is None else out_lse
         if B > 0:
             ptr = stream_ptr(stream)
-            self._check_device(cp_attn_out=kernel_array(cp_attn_out, self.bits, "cp_attn_out"),
-                               cp_attn_lse=kernel_array(cp_attn_lse, as_dtype(cp_attn_lse.dtype)),
-                               out=kernel_array(result, self._value, "out"))
+            x_bits = kernel_array(cp_attn_out, self.bits, "cp_attn_out")
+            result_arr = kernel_array(result, self._value, "out")
             lse, mask = self._stage_inputs(B, cp_attn_lse, seq_lens, query_start_loc, ptr)
+            self._check_device(cp_attn_out=x_bits, cp_attn_lse=lse, out=result_arr)
             lse_arr = None if result_lse is None else kernel_array(result_lse, np.float32, "out_lse")
-            self._run(B, cp_attn_out, lse, mask, kernel_array(result, self._value, "out"),
-                      lse_arr, ptr)
+            self._run(B, x_bits, lse, mask, result_arr, lse_arr, ptr)
         return (result, result_lse) if self.return_lse else result
 
     def _check_device(self, **arrays):
@@ -279,11 +278,10 @@ class DcpA2APlan(_Plan):
                                            _flat_view(self._recv, shape, self.bits), chunk)
         return views
 
-    def _run(self, tokens, x, lse, mask, result, result_lse, ptr):
+    def _run(self, tokens, x_bits, lse, mask, result, result_lse, ptr):
         send, recv, chunk = self._buffers(tokens)
-        lse_bits = DeviceArray(lse.ptr, lse.shape, lse.strides, np.uint32, lse.owner)
         kernel, grid, block, args = pack_launch(
-            kernel_array(x, self.bits, "cp_attn_out"), lse_bits, *mask, send, recv, self.comm.rank)
+            x_bits, lse.view(np.uint32), *mask, send, recv, self.comm.rank)
         kernel(grid, block, ptr, args)
         self.comm.alltoall_device(send.ptr, recv.ptr, chunk, ptr)
         kernel, grid, block, args = combine_launch(self.dtype, recv, result, result_lse, self.base_e)
@@ -326,7 +324,7 @@ class DcpAgRsPlan(_Plan):
                 _flat_view(self._summed, (tokens, hn, D), np.float32))
         return views
 
-    def _run(self, tokens, x, lse, mask, result, result_lse, ptr):
+    def _run(self, tokens, x_bits, lse, mask, result, result_lse, ptr):
         lses, corrected, summed = self._buffers(tokens)
         count = tokens * self.num_heads
         lse_in = _flat_view(self._lse_in, (tokens, self.num_heads), np.float32)
@@ -334,7 +332,7 @@ class DcpAgRsPlan(_Plan):
         kernel(grid, block, ptr, args)
         self.comm.allgather_device(lse_in.ptr, lses.ptr, count, ptr)
         kernel, grid, block, args = correct_launch(
-            self.dtype, kernel_array(x, self._value, "cp_attn_out"), lses, self.comm.rank,
+            self.dtype, x_bits.view(self._value), lses, self.comm.rank,
             self.base_e, corrected)
         kernel(grid, block, ptr, args)
         self.comm.reduce_scatter_device(corrected.ptr, summed.ptr, summed.size, ptr)

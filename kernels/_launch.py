@@ -51,6 +51,10 @@ class DeviceArray:
                              f"for shape {self.shape} of {self.dtype})")
         return self
 
+    def view(self, dtype):
+        """The same memory seen as ``dtype`` of the same size (bits as values, or back)."""
+        return DeviceArray(self.ptr, self.shape, self.strides, dtype, self.owner)
+
     @property
     def size(self):
         n = 1

@@ -284,7 +284,7 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e):
     """
     kind, value = combine_kind(dtype)
     recv_bits.require_c_contiguous("recv")
-    recv_vals = DeviceArray(recv_bits.ptr, recv_bits.shape, recv_bits.strides, value, recv_bits.owner)
+    recv_vals = recv_bits.view(value)
     if kind == _BF16:
         recv_words, out_words = recv_bits.as_words(), out.as_words()
         if recv_words is not None and out_words is not None:

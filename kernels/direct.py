@@ -318,7 +318,7 @@ def direct_combine_launch(dtype, data, lse, seq_lens, query_start_loc, num_seqs,
     """
     kind, value = combine_kind(dtype)
     n = len(peer_flags)
-    window_vals = DeviceArray(window.ptr, window.shape, window.strides, value, window.owner)
+    window_vals = window.view(value)
     window_bits = window
     if kind == _BF16:
         words = data.as_words(), window.as_words(), out.as_words()
