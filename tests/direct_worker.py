@@ -22,13 +22,12 @@ Ranks may share one GPU (IPC works within a device) or each have their own.
 import sys
 import time
 
-import numpy as np
 from mpi4py import MPI
 
 import cupy_dcp
 from _helpers import run_or_abort
-from gpu_reduce_worker import check_rank_result, expected, host
-from mpi_reduce_worker import B, DTYPES, HN, QUERY_START_LOC, rank_inputs, seq_lens_of
+from gpu_reduce_worker import call_kwargs, check_rank_result, expected, host
+from mpi_reduce_worker import B, DTYPES, HN, rank_inputs
 
 
 def exact(world, comm):
@@ -39,30 +38,24 @@ def exact(world, comm):
         for D, base_e in ((5, True), (72, False), (512, True)):
             with cupy_dcp.DcpDirectPlan(comm, B, HN * n, D, dtype, return_lse=True,
                                         is_lse_base_on_e=base_e) as plan:
-                if True:
-                    for masked, head_major, tokens in ((False, False, B), (True, True, B),
-                                                       (True, False, B - 2), (False, True, 1)):
-                        case += 1
-                        where = (f"rank {rank} direct {dtype} D={D} base_e={base_e} "
-                                 f"masked={masked} head_major={head_major} B={tokens}")
-                        x, lse = rank_inputs(rank, case, dtype, D, HN * n)
-                        x, lse = x[:tokens], lse[:tokens]
-                        kw = {}
-                        if masked:
-                            kw = dict(seq_lens=cupy.asarray(seq_lens_of(rank)),
-                                      query_start_loc=cupy.asarray(QUERY_START_LOC))
-                        if head_major:
-                            kw["out"] = cupy.full((HN, tokens, D), np.nan, dtype=dtype).transpose(1, 0, 2)
-                        xd = cupy.asarray(x)
-                        if case % 2:  # a strided input: [H, B, D] storage seen as [B, H, D]
-                            xd = cupy.ascontiguousarray(xd.transpose(1, 0, 2)).transpose(1, 0, 2)
-                        got, got_lse = plan(xd, cupy.asarray(lse), **kw)
-                        plan.synchronize()
-                        if masked and tokens < B:
-                            continue  # the mask names tokens past B: checked at full B only
-                        ref, ref_lse, scale = expected(world, x, lse, base_e, masked)
-                        check_rank_result(host(got, dtype), cupy.asnumpy(got_lse), ref, ref_lse,
-                                          scale, where)
+                for masked, head_major, tokens in ((False, False, B), (True, True, B),
+                                                   (True, False, B - 2), (False, True, 1)):
+                    case += 1
+                    where = (f"rank {rank} direct {dtype} D={D} base_e={base_e} "
+                             f"masked={masked} head_major={head_major} B={tokens}")
+                    x, lse = rank_inputs(rank, case, dtype, D, HN * n)
+                    x, lse = x[:tokens], lse[:tokens]
+                    kw = call_kwargs(rank, masked, head_major, tokens, D, dtype)
+                    xd = cupy.asarray(x)
+                    if case % 2:  # a strided input: [H, B, D] storage seen as [B, H, D]
+                        xd = cupy.ascontiguousarray(xd.transpose(1, 0, 2)).transpose(1, 0, 2)
+                    got, got_lse = plan(xd, cupy.asarray(lse), **kw)
+                    plan.synchronize()
+                    if masked and tokens < B:
+                        continue  # the mask names tokens past B: checked at full B only
+                    ref, ref_lse, scale = expected(world, x, lse, base_e, masked)
+                    check_rank_result(host(got, dtype), cupy.asnumpy(got_lse), ref, ref_lse,
+                                      scale, where)
     world.Barrier()
     if rank == 0:
         print(f"direct exact OK: {case} cases on {n} ranks", flush=True)

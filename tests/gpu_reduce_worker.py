@@ -57,6 +57,19 @@ def host(a, dtype):
     return cupy.asnumpy(a.view(np.uint16) if dtype.itemsize == 2 else a).view(dtype)
 
 
+def call_kwargs(rank, masked, head_major, tokens, D, dtype):
+    """The call's optional device arguments: this rank's masks, and a head-major
+    ``out=`` (``[H/N, B, D]`` storage seen as ``[B, H/N, D]``, NaN-filled)."""
+    import cupy
+    kw = {}
+    if masked:
+        kw = dict(seq_lens=cupy.asarray(seq_lens_of(rank)),
+                  query_start_loc=cupy.asarray(QUERY_START_LOC))
+    if head_major:
+        kw["out"] = cupy.full((HN, tokens, D), np.nan, dtype=dtype).transpose(1, 0, 2)
+    return kw
+
+
 def functional_cases(world, comm):
     import cupy
     rank = world.Get_rank()
@@ -67,12 +80,7 @@ def functional_cases(world, comm):
         where = f"rank {rank} functional case {case} {reduce.__name__} {dtype} D={D}"
         x, lse = rank_inputs(rank, case, dtype, D, HN * world.Get_size())
         dx, dl = cupy.asarray(x), cupy.asarray(lse)
-        kw = {}
-        if masked:
-            kw = dict(seq_lens=cupy.asarray(seq_lens_of(rank)),
-                      query_start_loc=cupy.asarray(QUERY_START_LOC))
-        if head_major:
-            kw["out"] = cupy.full((HN, B, D), np.nan, dtype=dtype).transpose(1, 0, 2)
+        kw = call_kwargs(rank, masked, head_major, B, D, dtype)
         res = reduce(dx, dl, comm, return_lse=return_lse, is_lse_base_on_e=base_e, **kw)
         got, got_lse = res if return_lse else (res, None)
         if head_major:

@@ -79,29 +79,28 @@ def main(replays, eager_calls, backend):
             out, _ = plan(x_buf, lse_buf, stream=stream)
             graph = stream.end_capture()
         pool = cupy.get_default_memory_pool()
-        baseline = None
-        t0 = time.perf_counter()
-        for step in range(replays):
-            write_inputs(step)
-            graph.launch(stream)
-            if step % CHECK_EVERY == 0 or step == replays - 1:
-                plan.synchronize(stream, timeout=60)
-                check(step, out)
-                used = (pool.used_bytes(), len(os.listdir("/proc/self/fd")))
-                baseline = baseline or used
-                assert used == baseline, f"rank {rank} replay {step}: footprint {used} != {baseline}"
-        graph_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for step in range(eager_calls):
-            write_inputs(step)
-            got, _ = plan(x_buf, lse_buf, stream=stream)
-            if step % CHECK_EVERY == 0 or step == eager_calls - 1:
-                plan.synchronize(stream, timeout=60)
-                check(step, got)
-                used = (pool.used_bytes(), len(os.listdir("/proc/self/fd")))
-                baseline = baseline or used
-                assert used == baseline, f"rank {rank} eager {step}: footprint {used} != {baseline}"
-        eager_s = time.perf_counter() - t0
+        footprint = []  # the pool's used bytes and the open descriptors, at the first check
+
+        def run(calls, what, call):
+            """``calls`` calls with new inputs each, checked (and the footprint with
+            them) every CHECK_EVERY; seconds taken."""
+            t0 = time.perf_counter()
+            for step in range(calls):
+                write_inputs(step)
+                got = call()
+                if step % CHECK_EVERY == 0 or step == calls - 1:
+                    plan.synchronize(stream, timeout=60)
+                    check(step, got)
+                    used = (pool.used_bytes(), len(os.listdir("/proc/self/fd")))
+                    if not footprint:
+                        footprint.append(used)
+                    assert used == footprint[0], \
+                        f"rank {rank} {what} {step}: footprint {used} != {footprint[0]}"
+            return time.perf_counter() - t0
+
+        graph_s = run(replays, "replay", lambda: (graph.launch(stream), out)[1])
+        eager_s = run(eager_calls, "eager", lambda: plan(x_buf, lse_buf, stream=stream)[0])
+        baseline = footprint[0]
     world.Barrier()
     print(f"rank {rank}/{n} GPU soak OK: {replays} graph replays ({graph_s / max(replays, 1) * 1e6:.1f}"
           f" us each, inputs rewritten), {eager_calls} eager calls "
