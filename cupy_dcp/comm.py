@@ -301,23 +301,13 @@ class Communicator:
                 had not drained in time; either way the NCCL communicator is
                 aborted first, so that no rank stays blocked in it.
         """
-        import cupy
-
-        from .kernels._arrays import cupy_stream, stream_ptr
-
-        event = cupy.cuda.Event(block=False, disable_timing=True)
-        event.record(cupy_stream(stream_ptr(stream)))
         timeout = self.timeout if timeout is None else timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not event.done:
-            self._check_nccl()
-            if deadline is not None and time.monotonic() > deadline:
-                self.abort()
-                raise RuntimeError(
-                    f"rank {self.rank}: {self.last_operation or 'the work on the stream'} did not "
-                    f"complete within {timeout} s (a peer rank is missing or stuck); "
-                    "the NCCL communicator was aborted")
-            time.sleep(20e-6)
+        if not drain(stream, timeout, self._check_nccl):
+            self.abort()
+            raise RuntimeError(
+                f"rank {self.rank}: {self.last_operation or 'the work on the stream'} did not "
+                f"complete within {timeout} s (a peer rank is missing or stuck); "
+                "the NCCL communicator was aborted")
         self._check_nccl()
 
     def _check_nccl(self):
@@ -376,6 +366,26 @@ class Communicator:
 
     def __repr__(self):
         return f"Communicator(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r})"
+
+
+def drain(stream, timeout, poll=None):
+    """Wait until the work enqueued on ``stream`` (so far) is done, calling ``poll()``
+    (which may raise) while it is not; ``False`` if ``timeout`` seconds (``None``:
+    no bound) passed first."""
+    import cupy
+
+    from .kernels._arrays import cupy_stream, stream_ptr
+
+    event = cupy.cuda.Event(block=False, disable_timing=True)
+    event.record(cupy_stream(stream_ptr(stream)))
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not event.done:
+        if poll is not None:
+            poll()
+        if deadline is not None and time.monotonic() > deadline:
+            return False
+        time.sleep(20e-6)
+    return True
 
 
 def _cupy_problem():

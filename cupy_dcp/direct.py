@@ -244,23 +244,14 @@ class DcpDirectPlan(_Plan):
         the communicator's plus the plan's (queued work delays the kernels'
         clocks). Past it, ``RuntimeError``; no NCCL communicator is aborted.
         """
-        import time
+        from .comm import drain
 
-        import cupy
-
-        from .kernels._arrays import cupy_stream, stream_ptr
-
-        event = cupy.cuda.Event(block=False, disable_timing=True)
-        event.record(cupy_stream(stream_ptr(stream)))
         if timeout is None and self.comm.timeout is not None:
             timeout = self.comm.timeout + self.timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not event.done:
-            if deadline is not None and time.monotonic() > deadline:
-                self.check()
-                raise RuntimeError(f"rank {self.comm.rank}: the work on the stream did not "
-                                   f"complete within {timeout} s")
-            time.sleep(20e-6)
+        if not drain(stream, timeout):
+            self.check()
+            raise RuntimeError(f"rank {self.comm.rank}: the work on the stream did not "
+                               f"complete within {timeout} s")
         self.check()
 
     def close(self):
