@@ -5,11 +5,12 @@ is not timed) and replayed ``--reps`` times; its bytes read and written per
 call over the median time give GB/s, set beside the device-to-device copy
 bandwidth measured in the same run (bytes read plus written).
 
-The direct path's kernels are timed the same way with N = 2 ranks simulated
-in one process on one GPU: both ranks' push, then both ranks' combine (the
-flags are then set before any combine polls), per rank. The windows are local
-memory here, so this is the kernels' own cost (fences, flags, combine) and
-not the NVLink transfer of a real two-GPU call.
+The direct path's kernel is timed the same way with N = 2 ranks simulated in
+one process on one GPU: both ranks' calls at once on two streams, and each
+phase alone (both ranks' push, then both ranks' combine: the flags are then
+set before any combine polls), per rank. The windows are local memory here,
+so this is the kernel's own cost (flags, waits, combine) and not the NVLink
+transfer of a real two-GPU call.
 """
 
 import numpy as np
@@ -17,7 +18,9 @@ import numpy as np
 from .layout import as_dtype, bits_dtype, lse_pack_dim
 from .kernels._arrays import dummy_index, kernel_array
 from .kernels.combine import combine_kind, combine_launch
-from .kernels.direct import STATE_WORDS, direct_combine_launch, push_launch
+from .kernels._rows import WARP
+from .kernels.direct import (COMBINE, PUSH, STATE_WORDS, WARPS, direct_launch, flag_words,
+                             row_stride)
 from .kernels.pack import pack_launch
 
 SHAPES = [(128, 512), (64, 128)]
@@ -140,20 +143,22 @@ def run_kernels(args):
         for B in args.tokens:
             direct_us, (push_us, comb_us), pack_combine_us, host_us = _direct_round(
                 cupy, stream, args, dtype, B)
-            print(f"{B:>6} {args.heads:>4} {args.head_dim:>4} push + combine {direct_us:8.2f} us "
-                  f"(push {push_us:.2f}, combine {comb_us:.2f}; pack + combine "
-                  f"{pack_combine_us:.2f} us; host {host_us:.1f} us per push + combine launch)",
-                  flush=True)
+            print(f"{B:>6} {args.heads:>4} {args.head_dim:>4} direct call {direct_us:8.2f} us "
+                  f"(push alone {push_us:.2f}, combine alone {comb_us:.2f}; pack + combine "
+                  f"{pack_combine_us:.2f} us; host {host_us:.1f} us per launch)", flush=True)
 
 
 def _direct_round(cupy, stream, args, dtype, B, n=2):
-    """Per-rank µs of the direct kernels (push + combine), of pack + combine, and the
-    host µs of launching push + combine, for ``n`` ranks simulated on one GPU."""
+    """Per-rank µs of a direct call (every rank's kernel at once, on its own stream),
+    of its push and combine phases alone, of pack + combine, and the host µs of one
+    launch, for ``n`` ranks simulated on one GPU."""
     H, D = args.heads, args.head_dim
-    bits, value = bits_dtype(dtype), combine_kind(dtype)[1]
-    shape = (2, n, B, H // n, D + lse_pack_dim(dtype))
-    windows = [cupy.zeros(shape, dtype=bits) for _ in range(n)]
-    flags = [cupy.zeros(n, dtype=cupy.int64) for _ in range(n)]
+    bits = bits_dtype(dtype)
+    width = D + lse_pack_dim(dtype)
+    shape = (2, n, B, H // n, width)
+    padded = shape[:-1] + (row_stride(width, bits.itemsize),)  # the plan's rows
+    windows = [cupy.zeros(padded, dtype=bits)[..., :width] for _ in range(n)]
+    flags = [cupy.zeros(flag_words(n, B, H // n), dtype=cupy.int64) for _ in range(n)]
     states = [cupy.zeros(STATE_WORDS, dtype=cupy.int64) for _ in range(n)]
     statuses = [cupy.zeros(n, dtype=cupy.int64) for _ in range(n)]
     x = cupy.zeros((B, H, D), dtype=dtype)
@@ -161,31 +166,41 @@ def _direct_round(cupy, stream, args, dtype, B, n=2):
     outs = [cupy.zeros((B, H // n, D), dtype=dtype) for _ in range(n)]
     window_arrs = tuple(kernel_array(w, bits) for w in windows)
     flag_arrs = tuple(kernel_array(f, np.int64) for f in flags)
-    launches = []
-    for r in range(n):
-        launches.append(push_launch(kernel_array(x, bits), kernel_array(lse, np.uint32),
-                                    dummy_index(), dummy_index(), -1, window_arrs, flag_arrs,
-                                    kernel_array(states[r], np.int64), r))
-    for r in range(n):
-        launches.append(direct_combine_launch(
-            dtype, kernel_array(x, value), kernel_array(lse, np.float32), dummy_index(),
-            dummy_index(), -1, window_arrs[r], flag_arrs[r], flag_arrs,
-            kernel_array(states[r], np.int64), kernel_array(statuses[r], np.int64),
-            kernel_array(outs[r], value), None, True, r, 10**9))
+    streams = [stream] + [cupy.cuda.Stream(non_blocking=True) for _ in range(n - 1)]
 
-    def round_():
-        for kernel, grid, block, kargs in launches:
-            kernel(grid, block, stream.ptr, kargs)
+    def launch(r, phases=PUSH | COMBINE):
+        return direct_launch(dtype, kernel_array(x, bits), kernel_array(lse, np.float32),
+                             dummy_index(), dummy_index(), -1, window_arrs, flag_arrs,
+                             kernel_array(states[r], np.int64),
+                             kernel_array(statuses[r], np.int64), kernel_array(outs[r], bits),
+                             None, True, r, 10**9, resident // n, phases)
+
+    resident = launch(0)[0].resident_blocks(WARP * WARPS)
+    calls = [launch(r) for r in range(n)]
+    forks = [cupy.cuda.Event(disable_timing=True) for _ in range(n)]
+
+    def round_():  # every rank's call at once: the ranks wait for each other
+        forks[0].record(stream)
+        for s in streams[1:]:
+            s.wait_event(forks[0])
+        for (kernel, grid, block, kargs), s in zip(calls, streams):
+            kernel(grid, block, s.ptr, kargs)
+        for e, s in zip(forks[1:], streams[1:]):
+            e.record(s)
+            stream.wait_event(e)
 
     direct_us = _graph_us(cupy, stream, round_, args.calls, args.reps) / n
     parts = []
-    for part in (launches[:n], launches[n:]):  # the flags stay set: combines alone do not wait
+    for phases in (PUSH, COMBINE):  # the flags stay set: combines alone do not wait
+        part = [launch(r, phases) for r in range(n)]
+
         def run_part(part=part):
             for kernel, grid, block, kargs in part:
                 kernel(grid, block, stream.ptr, kargs)
         parts.append(_graph_us(cupy, stream, run_part, args.calls, args.reps) / n)
     send = cupy.zeros(shape[1:], dtype=bits)
     recv = cupy.zeros_like(send)
+    value = combine_kind(dtype)[1]
     pk = pack_launch(kernel_array(x, bits), kernel_array(lse, np.uint32), dummy_index(),
                      dummy_index(), -1, kernel_array(send, bits), kernel_array(recv, bits), 0)
     ck = combine_launch(dtype, kernel_array(recv, bits), kernel_array(outs[0], value), None, True)
@@ -195,7 +210,9 @@ def _direct_round(cupy, stream, args, dtype, B, n=2):
             kernel(grid, block, stream.ptr, kargs)
 
     pack_combine_us = _graph_us(cupy, stream, pack_combine, args.calls, args.reps)
-    host_us = _host_launch_us(round_, stream, launches=500) / n
+    kernel, grid, block, kargs = launch(0, PUSH)  # the same launch, but it never waits
+    host_us = _host_launch_us(lambda: kernel(grid, block, stream.ptr, kargs), stream,
+                              launches=500)
     if int(statuses[0].any()) or int(statuses[1].any()):
-        raise RuntimeError("a direct combine timed out in the kernel benchmark")
+        raise RuntimeError("a direct call timed out in the kernel benchmark")
     return direct_us, parts, pack_combine_us, host_us

@@ -6,8 +6,9 @@ For each token count it times, on the same communicator and in the same run:
   bytes, or ``MPI.Alltoall`` on host arrays): the floor;
 - ``cupy_dcp_a2a``: a :class:`DcpA2APlan` call (pack, exchange, combine);
 - ``ag_rs``: all-gather of the LSEs, correction, reduce-scatter (:class:`DcpAgRsPlan`);
-- ``direct``: a :class:`DcpDirectPlan` call (push into the peers' windows over
-  NVLink, combine; no NCCL), where every rank is on one node with peer access;
+- ``direct``: a :class:`DcpDirectPlan` call (one kernel: tiles pushed into the
+  peers' windows over NVLink, each combined once it has arrived; no NCCL),
+  where every rank is on one node with peer access;
 
 eagerly (calls launched back to back) and as CUDA-graph replays (a captured
 batch of calls), and reports the median and p90 microseconds per call and the

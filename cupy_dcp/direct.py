@@ -4,15 +4,16 @@ Every rank of a one-node group allocates a *window* (flags and two receive
 slots, see ``cupy_dcp.kernels.direct`` for its layout, the protocol and the
 argument why no call overwrites data still being read), exports it as a CUDA
 IPC handle, and maps every peer's window; the handles travel over MPI. A call
-is two kernels on the caller's stream: ``push`` stores the peers' slices
-straight into their windows over NVLink and raises a flag at each; the
-combine waits for every peer's flag (bounded), then combines, reading its own
-slice from the input. Nothing synchronises the host, so a call can be
-captured in a CUDA graph and replayed.
+is one kernel on the caller's stream, in tiles of (token, head) rows: it
+stores each tile of the peers' slices straight into their windows over
+NVLink and raises a flag per tile at each; it waits for each peer's flag of
+a tile (bounded), then combines that tile, reading its own slice from the
+input, while other tiles are still crossing. Nothing synchronises the host,
+so a call can be captured in a CUDA graph and replayed.
 
 A peer that does not arrive within ``timeout`` seconds makes the waiting
-kernel give up: its blocks that have not combined yet write NaN (rows that
-had combined before keep exact values: treat the whole call as failed), and
+kernel give up: the tiles it has not combined yet become NaN (tiles
+combined before keep exact values: treat the whole call as failed), and
 it records the peer in host-mapped memory; the plan's next call, :meth:`DcpDirectPlan.check` or
 :meth:`DcpDirectPlan.synchronize` raises a ``RuntimeError`` naming it. The
 plan is dead after that: its peers fail too (fast: the failing rank tells
@@ -26,9 +27,9 @@ from mpi4py import MPI
 
 from .layout import BFLOAT16, c_strides, lse_pack_dim
 from .kernels._launch import DeviceArray
-from .kernels._rows import lanes_per_row
-from .kernels.direct import (PEER_FAILED, STATE_WORDS, TIMED_OUT, direct_combine_kernel,
-                             direct_combine_launch, push_kernel, push_launch)
+from .kernels._rows import WARP, lanes_per_row
+from .kernels.direct import (PEER_FAILED, STATE_WORDS, TIMED_OUT, WARPS, direct_kernel,
+                             direct_launch, flag_words, row_stride)
 from .plan import DcpA2APlan, _Plan
 from .kernels._arrays import kernel_array
 
@@ -131,12 +132,20 @@ class DcpDirectPlan(_Plan):
         n = comm.world_size
         if n == 1:
             return
-        self._width = self.head_dim + lse_pack_dim(self.dtype)
-        self._slot_elements = n * self.max_tokens * self.local_heads * self._width
-        # the flags, padded so that the slots start 512-byte aligned
-        self._flags_bytes = -(-8 * n // 512) * 512
-        nbytes = self._flags_bytes + 2 * self._slot_elements * self.bits.itemsize
         runtime = cupy.cuda.runtime
+        # The kernel's blocks wait for each other across GPUs, so every block of every
+        # rank on this GPU must be resident at once; and every rank must cut a call into
+        # the same tiles and blocks: the fewest that any rank can hold.
+        mine = _pci_address(runtime, comm.device)
+        sharing = comm.mpi_comm.allgather(mine).count(mine)
+        self._max_blocks = min(comm.mpi_comm.allgather(max(1, self._resident // sharing)))
+        self._width = self.head_dim + lse_pack_dim(self.dtype)
+        stride = row_stride(self._width, self.bits.itemsize)
+        self._slot_elements = n * self.max_tokens * self.local_heads * stride
+        # the flags, padded so that the slots start 512-byte aligned
+        self._flag_words = flag_words(n, self.max_tokens, self.local_heads)
+        self._flags_bytes = -(-8 * self._flag_words // 512) * 512
+        nbytes = self._flags_bytes + 2 * self._slot_elements * self.bits.itemsize
         error = None
         try:
             self._window = runtime.malloc(nbytes)  # its own allocation: IPC maps whole ones
@@ -173,10 +182,12 @@ class DcpDirectPlan(_Plan):
         self._bases = bases
         self._state_arr = kernel_array(self._state, np.int64, "state")
         self._status_arr = DeviceArray(self._status, (n,), (8,), np.int64, self)
-        self._flags = tuple(DeviceArray(b, (n,), (8,), np.int64, self) for b in bases)
+        self._flags = tuple(DeviceArray(b, (self._flag_words,), (8,), np.int64, self)
+                            for b in bases)
         shape = (2, n, self.max_tokens, self.local_heads, self._width)
-        self._windows = tuple(DeviceArray(b + self._flags_bytes, shape, c_strides(shape, self.bits.itemsize),
-                                          self.bits, self) for b in bases)
+        strides = c_strides(shape[:-1] + (stride,), self.bits.itemsize)
+        self._windows = tuple(DeviceArray(b + self._flags_bytes, shape, strides, self.bits, self)
+                              for b in bases)
         try:
             comm.barrier("setting up the direct path")  # every window is zeroed and mapped
         except RuntimeError:
@@ -191,27 +202,22 @@ class DcpDirectPlan(_Plan):
         if n == 1:
             return
         D = self.head_dim
-        push_kernel(n, self.bits, lanes_per_row(D))
-        direct_combine_kernel(self.dtype, n, False, lanes_per_row(D))
-        if self.bits.itemsize == 2 and D % 2 == 0:
-            push_kernel(n, np.dtype(np.uint32), lanes_per_row(D // 2))
-            if self.dtype == BFLOAT16:
-                direct_combine_kernel(self.dtype, n, True, lanes_per_row(D // 2))
+        kernels = [direct_kernel(self.dtype, n, self.bits, False, lanes_per_row(D),
+                                 lanes_per_row(D))]
+        if self.bits.itemsize == 2 and D % 2 == 0:  # the usual case: 16-bit data as words
+            pairs = self.dtype == BFLOAT16
+            kernels.append(direct_kernel(self.dtype, n, np.dtype(np.uint32), pairs,
+                                         lanes_per_row(D // 2),
+                                         lanes_per_row(D // 2 if pairs else D)))
+        self._resident = min(k.resident_blocks(WARP * WARPS) for k in kernels)
 
     def _run(self, tokens, x_bits, lse, mask, result, result_lse, ptr):
         self.check()
-        windows = self._windows
-        me = self.comm.rank
-        # Both launches are prepared before either runs: a push without its combine
-        # would advance this rank's epoch alone and void the slot argument.
-        push = push_launch(x_bits, lse.view(np.uint32), *mask, windows, self._flags,
-                           self._state_arr, me)
-        combine = direct_combine_launch(
-            self.dtype, x_bits.view(self._value), lse, *mask, windows[me],
-            self._flags[me], self._flags, self._state_arr, self._status_arr, result, result_lse,
-            self.base_e, me, int(self.timeout * 1e9))
-        for kernel, grid, block, args in (push, combine):
-            kernel(grid, block, ptr, args)
+        kernel, grid, block, args = direct_launch(
+            self.dtype, x_bits, lse, *mask, self._windows, self._flags, self._state_arr,
+            self._status_arr, result.view(self.bits), result_lse, self.base_e, self.comm.rank,
+            int(self.timeout * 1e9), self._max_blocks)
+        kernel(grid, block, ptr, args)
 
     def check(self):
         """Raise ``RuntimeError`` if a call of this plan has failed a wait (it reads

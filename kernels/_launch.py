@@ -188,6 +188,11 @@ class SpecializedKernel:
             self._module = module
             self._function = module.get_function(name)
 
+    def resident_blocks(self, block):
+        """How many blocks of shape ``block`` the current GPU holds at once (on all
+        its SMs), by the CUDA occupancy calculator for this kernel's registers."""
+        return self._dispatcher.overloads[self.argtypes].max_cooperative_grid_blocks(block)
+
     def __call__(self, grid, block, stream_ptr, args):
         """Launch on ``stream_ptr`` with ``args``: DeviceArrays and ints, in signature order."""
         if self.kind == "numba":

@@ -3,6 +3,8 @@
 - ``load_acquire(flags, i)``: ``ld.acquire.sys`` of one int64: a load that
   later loads of this thread cannot overtake, and that sees a store made by
   any GPU of the system.
+- ``load_relaxed(flags, i)``: ``ld.relaxed.sys`` of one int64: sees a store
+  made by any GPU of the system, but orders nothing (no wait for it).
 - ``store_release(flags, i, value)``: ``st.release.sys`` of one int64: no
   earlier load or store of this thread may be seen after it, from any GPU.
 - ``now_ns()``: the GPU's global nanosecond timer, for bounded waits.
@@ -40,6 +42,8 @@ def _simulated():
     def store_release(flags, i, value):
         flags[i] = value
 
+    load_relaxed = load_acquire
+
     @jit
     def now_ns():
         return time.monotonic_ns()
@@ -48,8 +52,8 @@ def _simulated():
     def pause():
         time.sleep(0)
 
-    return dict(load_acquire=load_acquire, store_release=store_release, now_ns=now_ns,
-                pause=pause)
+    return dict(load_acquire=load_acquire, load_relaxed=load_relaxed,
+                store_release=store_release, now_ns=now_ns, pause=pause)
 
 
 def _compiled():
@@ -70,18 +74,25 @@ def _compiled():
                 and array.dtype in (types.int64, types.uint64)):
             raise TypeError(f"flags must be a 1-d int64 array (got {array})")
 
-    @intrinsic
-    def load_acquire(typingctx, flags, index):
-        check(flags)
+    def system_load(instruction):
+        def load(typingctx, flags, index):
+            check(flags)
 
-        def codegen(context, builder, sig, args):
-            ptr = element_pointer(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-            asm = ir.InlineAsm(ir.FunctionType(i64, [ptr.type]),
-                               "ld.acquire.sys.global.b64 $0, [$1];", "=l,l,~{memory}",
-                               side_effect=True)
-            return builder.call(asm, [ptr])
+            def codegen(context, builder, sig, args):
+                ptr = element_pointer(context, builder, sig.args[0], args[0], args[1],
+                                      sig.args[1])
+                asm = ir.InlineAsm(ir.FunctionType(i64, [ptr.type]),
+                                   f"{instruction} $0, [$1];", "=l,l,~{memory}",
+                                   side_effect=True)
+                return builder.call(asm, [ptr])
 
-        return flags.dtype(flags, index), codegen
+            return flags.dtype(flags, index), codegen
+
+        load.__name__ = f"load_{instruction.split('.')[1]}"
+        return intrinsic(load)
+
+    load_acquire = system_load("ld.acquire.sys.global.b64")
+    load_relaxed = system_load("ld.relaxed.sys.global.b64")
 
     @intrinsic
     def store_release(typingctx, flags, index, value):
@@ -111,5 +122,5 @@ def _compiled():
     def pause():
         cuda.nanosleep(64)
 
-    return dict(load_acquire=load_acquire, store_release=store_release, now_ns=now_ns,
-                pause=pause)
+    return dict(load_acquire=load_acquire, load_relaxed=load_relaxed,
+                store_release=store_release, now_ns=now_ns, pause=pause)

@@ -1,54 +1,74 @@
-"""The direct kernels: push head slices into the peers' windows, then combine.
+"""The direct kernel: push head slices into the peers' windows and combine, in tiles.
 
 Every rank owns a *window* that its peers write into (CUDA IPC memory):
-``flags[N]`` int64 and two receive slots ``slot[2][N][max_tokens][H/N][D + P]``
-in the packed format of ``cupy_dcp.layout`` (a call of B tokens uses the first
-B of each rank's chunk, so the slots never move with B). It also owns a
-private ``state[4]`` int64 in device memory: ``state[0]`` the epoch (calls pushed so far),
-``state[1]`` the push's block-arrival counter, ``state[2]`` non-zero once a
-wait failed (the plan is then dead: pushes stop, combines write NaN).
+int64 ``flags`` (``flags[p]``, ``p < N``: set to ``-1`` by peer ``p`` when it
+gave up; then ``flags[N + p * max_tiles + t]``: the last call whose tile
+``t`` peer ``p`` has delivered) and two receive slots
+``slot[2][N][max_tokens][H/N][D + P]`` in the packed format of
+``cupy_dcp.layout``, its rows padded to :func:`row_stride` elements so that
+each starts on a 32-byte sector (on a 128-byte line where that costs little):
+the pushes then cross NVLink as whole sectors. A call of B tokens uses the
+first B of each rank's chunk, so the slots never move with B. It also owns a private
+``state[4]`` int64 in device memory: ``state[0]`` the epoch (calls completed
+so far), ``state[1]`` the blocks' arrival counter, ``state[2]`` non-zero once
+a wait failed (the plan is then dead: pushes stop, combines write NaN).
 
-Call ``e`` (``e = 1, 2, ...``) uses slot ``e % 2``:
+A call of B tokens has ``B * H/N`` rows per rank pair, cut into tiles of
+``tile_rows`` consecutive (token, head) rows (the same cut on every rank: it
+depends on B alone). Call ``e`` (``e = state[0] + 1``) uses slot ``e % 2``.
+Each block of rank r takes the tiles ``t = blockIdx, blockIdx + grid, ...``;
+it pushes a tile one step before it combines it:
 
-1. ``push`` (rank r): for every peer j, the packed rows of j's heads go
-   straight into ``window_j.slot[e % 2][r]``. Each block, after a barrier,
-   fences (GPU scope) and arrives on ``state[1]``; the last block to arrive
-   fences again and stores ``e`` into ``window_j.flags[r]`` of every peer with
-   ``st.release.sys``, then advances ``state[0]`` to ``e``.
-2. ``combine`` (rank j): one thread per block polls ``flags[r] >= e`` of every
-   peer with ``ld.acquire.sys`` (for at most ``timeout_ns``), then the block
-   combines: peer slices from ``slot[e % 2]``, its own slice from its input.
+1. push tile ``t``: for every peer j, the tile's packed rows of j's heads go
+   straight into ``window_j.slot[e % 2][r]``; after a barrier, thread j
+   stores ``e`` into j's flag of (r, t) with ``st.release.sys``;
+2. push tile ``t + grid`` likewise, then combine tile ``t``: thread p polls
+   this rank's flag of (p, t) for ``>= e`` with ``ld.acquire.sys`` (for at
+   most ``timeout_ns``); after a barrier the block combines the tile's rows:
+   peer slices from ``slot[e % 2]``, its own slice from its input; and so on.
 
-The epoch lives in device memory and only kernels advance it, so a call
-captured in a CUDA graph advances it at every replay, like an eager call.
+The last block to finish advances ``state[0]`` to ``e``. The epoch lives in
+device memory and only the kernel advances it, so a call captured in a CUDA
+graph advances it at every replay, like an eager call. The pushes of one
+tile and the combines of another run at once (on different blocks, or
+the same block a step apart), so NVLink and HBM traffic overlap.
 
-Why no call overwrites a slot its owner still reads. Rank r's push of call
-``e + 2`` writes ``window_j.slot[e % 2]``, which j's combine of call ``e``
-reads. On r's stream that push follows r's combine of call ``e + 1``, which
-returned only after it saw ``window_r.flags[j] >= e + 1``: a value j stores
-at the end of its push of call ``e + 1`` or later, and j's stream runs that
-push only after j's combine of call ``e`` has finished. So j's reads of call
-``e`` are done before r's writes of call ``e + 2`` begin. Within a call, the
-reader sees the data because every store of the push precedes, in causality
-order, the release store of the flag: the barrier orders a block's stores
-before its first thread's fence and arrival (a release pattern, GPU scope:
-every block runs on one GPU); the last block's arrival reads every other's,
-and its fence after it makes an acquire pattern; the flag store is a release
-at system scope, which is cumulative. The reader's one thread loads the flag
+Why no call overwrites a slot its owner still reads. Rank r's call ``e + 2``
+writes ``window_j.slot[e % 2]``, which j's call ``e`` reads. On r's stream
+call ``e + 2`` follows r's call ``e + 1``, which completed only after it saw
+j's flags of call ``e + 1`` (``>= e + 1``; every call has a tile): values j
+stores during its call ``e + 1`` or later, and j's stream runs that call
+only after j's call ``e`` has completed, its reads included. So j's reads of
+call ``e`` are done before r's writes of call ``e + 2`` begin. A flag can
+already hold ``e + 1`` when j waits for ``e``: r then finished call ``e``,
+whose data (in the other slot than call ``e + 1``'s) came before.
+
+Within a call the reader sees the tile's data because every store of it
+precedes, in causality order, the release store of its flag: the barrier
+orders the block's stores before the releasing thread's store, and a
+release at system scope is cumulative. The polling thread loads the flag
 with an acquire at system scope, and a barrier orders its block's loads
-after it. (A system-scope fence per block instead measured 0.6 us slower per
-push on an H200, for nothing the argument needs.) The argument needs only
-that the calls of one plan are ordered on each rank (one stream, or
-synchronised) and that every rank makes the same calls, as with any
-collective.
+after it. The argument needs only that the calls of one plan are ordered on
+each rank (one stream, or synchronised) and that every rank makes the same
+calls, as with any collective.
+
+No deadlock: a block waits only for tiles that the peers' blocks of the same
+index push one step before they wait themselves, and the host sizes the
+grid so that every block of every rank sharing a GPU is resident at once.
 
 A failed wait (a peer missing for ``timeout_ns``, or a peer that announced
-its own failure with flag ``-1``) records, in the host-visible ``status[N]``,
-``1`` (timed out) or ``2`` (peer failed) for that peer, sets ``state[2]``,
-stores ``-1`` into its own flag at every peer (so they fail fast instead of
-waiting), and writes NaN into the rows of every block that has not combined
-yet (the others stop waiting once one has given up). Nothing traps: the host
-reads ``status`` and raises.
+its own failure) records, in the host-visible ``status[N]``, ``1`` (timed
+out) or ``2`` (peer failed) for that peer, sets ``state[2]``, stores ``-1``
+into its own failure flag at every peer (so they fail fast instead of
+waiting), and writes NaN into every row not combined yet (the other blocks
+stop waiting once one has given up). A peer found to have given up at the
+start of a call fails that call at its first wait, on every rank alike, even
+where its flags show tiles it pushed before it gave up. Nothing traps: the
+host reads ``status`` and raises.
+
+For tests and measurement, ``phases`` can run the push alone (``PUSH``:
+the epoch is not advanced) and then the combine alone (``COMBINE``), which
+lets one process play every rank in turn (the CUDA simulator).
 """
 
 import functools
@@ -56,103 +76,53 @@ import functools
 import numpy as np
 from numba import cuda, float32, types
 
+from ..layout import c_strides
 from ._device import device_functions
 from ._launch import DeviceArray, SpecializedKernel, array_type
-from ._rows import UNROLL, WARP, lanes_per_row, row_cursor, row_grid
+from ._rows import UNROLL, WARP, lanes_per_row
 from ._sync import sync_functions
 from .combine import _BF16, _BF16X2, RAW, _codecs, combine_kind, row_accumulator
 from .pack import packed_row_writer
 
-__all__ = ["STATE_WORDS", "TIMED_OUT", "PEER_FAILED", "direct_combine_kernel",
-           "direct_combine_launch", "push_kernel", "push_launch"]
+__all__ = ["COMBINE", "PUSH", "STATE_WORDS", "TIMED_OUT", "PEER_FAILED", "MIN_TILE_ROWS",
+           "direct_kernel", "direct_launch", "flag_words", "row_stride", "tile_grid"]
 
 STATE_WORDS = 4
 TIMED_OUT, PEER_FAILED = 1, 2
+PUSH, COMBINE = 1, 2
+WARPS = 8  # per block
+MIN_TILE_ROWS = 8  # bounds the flags: a tile has at least this many rows
+TILES_PER_BLOCK = 8  # tiles a block takes in a large call: the pipeline's depth
+
+
+def row_stride(width, itemsize):
+    """Elements from one window row to the next, for rows of ``width`` elements."""
+    sector = -(-width * itemsize // 32) * 32
+    line = -(-width * itemsize // 128) * 128
+    return (line if 8 * line <= 9 * sector else sector) // itemsize
+
+
+def flag_words(n, max_tokens, local_heads):
+    """The int64 words of a window's flags for ``n`` ranks."""
+    return n * (1 + -(-max_tokens * local_heads // MIN_TILE_ROWS))
+
+
+def tile_grid(rows, max_blocks):
+    """``(tile_rows, blocks)`` for a call of ``rows`` (token, head) rows per rank pair."""
+    per_tile = -(-rows // (max_blocks * TILES_PER_BLOCK))
+    per_tile = max(MIN_TILE_ROWS, -(-per_tile // MIN_TILE_ROWS) * MIN_TILE_ROWS)
+    tiles = -(-rows // per_tile)
+    return per_tile, max(1, min(tiles, max_blocks))
 
 
 @functools.cache
-def _push_kernel(n, group=WARP):
-    write_packed_row = packed_row_writer(group)
-    store_release = sync_functions()["store_release"]
-    cursor = row_cursor()
-
-    u64 = np.uint64
-    u_group, u_one, u_n = u64(group), u64(1), u64(n)
-
-    @cuda.jit
-    def push(data, lse_bits, seq_lens, query_start_loc, num_seqs, windows, flags, state,
-             self_rank):
-        me = u64(self_rank)
-        epoch = state[0] + 1
-        slot = u64(epoch & 1)
-        b_count = u64(data.shape[0])
-        hn = u64(windows[0].shape[3])
-        width = u64(windows[0].shape[4])
-        d_count = u64(data.shape[2])
-        alive = state[2] == 0
-        rows = (u_n - u_one) * b_count * hn if alive else u64(0)
-        lane, row, row_step = cursor(u_group)
-        while row < rows:
-            h = row % hn
-            b = (row // hn) % b_count
-            k = row // (b_count * hn)
-            j = k + u_one if k >= me else k  # the peers, this rank skipped
-            head = j * hn + h
-            write_packed_row(data[b, head], windows[j][slot, me, b, h], lse_bits, b, head,
-                             seq_lens, query_start_loc, num_seqs, lane, d_count, width)
-            row += row_step
-        cuda.syncthreads()  # the block's stores, before its first thread's fence
-        if cuda.threadIdx.x == 0 and cuda.threadIdx.y == 0:
-            cuda.threadfence()  # release, then arrive
-            arrived = cuda.atomic.add(state, 1, 1)
-            if arrived == cuda.gridDim.x - 1:  # the last block: every block has arrived
-                cuda.threadfence()  # acquire: their stores precede the flags' release
-                if alive:
-                    for p in range(n):
-                        if p != self_rank:
-                            store_release(flags[p], self_rank, epoch)
-                state[1] = 0
-                state[0] = epoch
-
-    return push
-
-
-@functools.cache
-def push_kernel(n, bits, group=WARP):
-    """The push kernel for ``n`` ranks, element bits ``bits`` (uint16 or uint32) and
-    ``group`` lanes per row."""
-    i64 = types.int64
-    window = array_type(bits, 5, True)
-    flag = array_type(np.int64, 1, True)
-    argtypes = (array_type(bits, 3, False), array_type(np.uint32, 2, False),
-                array_type(np.int64, 1, True), array_type(np.int64, 1, True), i64,
-                types.UniTuple(window, n), types.UniTuple(flag, n), flag, i64)
-    return SpecializedKernel(_push_kernel(n, group), argtypes)
-
-
-def push_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, windows, flags, state,
-                self_rank):
-    """``(kernel, grid, block, args)`` of one push, :class:`DeviceArray` arguments in
-    (``windows``: each rank's ``[2, N, max_tokens, H/N, D + P]`` bits view, of
-    which the first B tokens are used; ``flags``: each rank's ``[N]`` int64); moved as uint32 words where the 16-bit data allows."""
-    n = len(windows)
-    if data.dtype.itemsize == 2:
-        words = [data.as_words()] + [w.as_words() for w in windows]
-        if None not in words:
-            data, windows = words[0], tuple(words[1:])
-    group = lanes_per_row(data.shape[2])
-    grid, block = row_grid(max(1, (n - 1) * data.shape[0] * windows[0].shape[3]), group)
-    return push_kernel(n, data.dtype, group), grid, block, (
-        data, lse_bits, seq_lens, query_start_loc, int(num_seqs), tuple(windows), tuple(flags),
-        state, int(self_rank))
-
-
-@functools.cache
-def _direct_combine_kernel(kind, n, group=WARP, unroll=UNROLL):
+def _direct_kernel(kind, n, push_group, group, unroll=UNROLL):
     f = device_functions()
     s = sync_functions()
-    load_acquire, store_release, now_ns, pause = (s["load_acquire"], s["store_release"],
-                                                  s["now_ns"], s["pause"])
+    load_acquire, load_relaxed, store_release = (s["load_acquire"], s["load_relaxed"],
+                                                 s["store_release"])
+    now_ns, pause = s["now_ns"], s["pause"]
+    write_packed_row = packed_row_writer(push_group)
     row_is_empty = f["row_is_empty"]
     accumulators = 2 * unroll
     lse_lanes, load_lse, _, _, encode = _codecs(kind)
@@ -161,79 +131,98 @@ def _direct_combine_kernel(kind, n, group=WARP, unroll=UNROLL):
     clean_lse, finish_max, lse_exp = f["clean_lse"], f["finish_max"], f["lse_exp"]
     inverse_total, global_lse, shard_weight = f["inverse_total"], f["global_lse"], f["shard_weight"]
     zero, neg_inf, nan = f["zero"], f["neg_inf"], float32(np.nan)
-    timed_out, peer_failed = np.int64(TIMED_OUT), np.int64(PEER_FAILED)
-    cursor = row_cursor()
+    timed_out, peer_failed, gave_up = np.int64(TIMED_OUT), np.int64(PEER_FAILED), np.int64(-1)
 
     u64 = np.uint64
+    u_warp = u64(WARP)
     u_group, u_step, u_one, u_two, u_n = u64(group), u64(group * unroll), u64(1), u64(2), u64(n)
+    u_push_group = u64(push_group)
+    jit = cuda.jit(device=True)
 
-    @cuda.jit(device=True)
-    def wait_for_peers(flags, peer_flags, state, status, epoch, me, timeout_ns):
-        """Poll every peer's flag for this epoch; on failure record it and tell the peers."""
-        # state[2] is read past the L1 cache (another block of this grid may set it):
-        # once one block has given up, the others stop waiting too
-        failed = load_acquire(state, 2) != 0
-        start = now_ns()
-        p = 0
-        while p < n and not failed:
-            if p != me:
-                seen = load_acquire(flags, p)
-                while seen < epoch and not failed:
-                    if seen < 0:
-                        status[p] = peer_failed
-                        failed = True
-                    elif now_ns() - start > timeout_ns:
-                        status[p] = timed_out
-                        failed = True
-                    elif load_acquire(state, 2) != 0:
-                        failed = True
-                    else:
-                        pause()
-                        seen = load_acquire(flags, p)
-            p += 1
-        if failed and cuda.atomic.exch(state, 2, 1) == 0:  # the first to fail tells the peers
+    @jit
+    def give_up(flags, state, me):
+        """Mark the plan dead; the first block to do so tells every peer."""
+        if cuda.atomic.exch(state, 2, 1) == 0:
             cuda.threadfence_system()
             for q in range(n):
                 if q != me:
-                    store_release(peer_flags[q], me, np.int64(-1))
-        return failed
+                    store_release(flags[q], me, gave_up)
 
-    @cuda.jit
-    def combine(data, lse, seq_lens, query_start_loc, num_seqs, vals, bits, flags, peer_flags,
-                state, status, out, out_lse, write_lse, base_e, self_rank, timeout_ns):
-        me = u64(self_rank)
-        epoch = state[0]
-        slot = u64(epoch & 1)
-        hn = u64(vals.shape[3])
-        rows = u64(out.shape[0]) * hn
-        width = u64(vals.shape[4])
-        d_count = u64(out.shape[2])
-        failed = cuda.shared.array(1, np.int32)
-        if cuda.threadIdx.x == 0 and cuda.threadIdx.y == 0:
-            failed[0] = wait_for_peers(flags, peer_flags, state, status, epoch, self_rank,
-                                       timeout_ns)
-        cuda.syncthreads()
-        lane, row, row_step = cursor(u_group)
-        if failed[0]:  # no result: NaN, never stale or partial data
-            while row < rows:
-                b = row // hn
-                h = row % hn
-                base = lane
-                while base < d_count:
-                    out[b, h, base] = encode(nan, nan)
-                    base += u_group
-                if write_lse and lane == 0:
-                    out_lse[b, h] = nan
-                row += row_step
-            return
-        window_vals = vals[slot]
-        window_bits = bits[slot]
-        acc = cuda.local.array(accumulators, np.float32)
-        first = cuda.local.array(unroll, raw)
-        second = cuda.local.array(unroll, raw)
-        while row < rows:
+    @jit
+    def wait_for(flags, state, status, p, at, epoch, me, timeout_ns, doomed):
+        """Poll my flag ``at`` (peer ``p``'s tile) until it reaches ``epoch``; False
+        when the wait failed (recorded, and the peers told) or the plan is dead.
+        ``doomed``: p had given up before this call (its data may be partial)."""
+        mine = flags[me]
+        seen = load_acquire(mine, at)
+        if seen >= epoch and not doomed:
+            return True
+        start = now_ns()
+        while seen < epoch or doomed:
+            if load_acquire(state, 2) != 0:
+                return False
+            if doomed or load_acquire(mine, p) < 0:
+                status[p] = peer_failed
+                give_up(flags, state, me)
+                return False
+            if now_ns() - start > timeout_ns:
+                status[p] = timed_out
+                give_up(flags, state, me)
+                return False
+            pause()
+            seen = load_acquire(mine, at)
+        return True
+
+    @jit
+    def push_tile(t, tile_rows, rows, data, lse_bits, seq_lens, query_start_loc, num_seqs,
+                  windows, slot, me, hn, width, d_count, tid, groups):
+        first = t * tile_rows
+        count = min(tile_rows, rows - first)
+        lane = tid % u_push_group
+        i = tid // u_push_group
+        while i < (u_n - u_one) * count:
+            k = i // count
+            row = first + i % count
+            j = k + u_one if k >= me else k  # the peers, this rank skipped
             b = row // hn
             h = row % hn
+            head = j * hn + h
+            write_packed_row(data[b, head], windows[j][slot, me, b, h], lse_bits, b, head,
+                             seq_lens, query_start_loc, num_seqs, lane, d_count, width)
+            i += groups
+
+    @jit
+    def nan_tile(t, tile_rows, rows, out, out_lse, write_lse, hn, tid, groups):
+        first = t * tile_rows
+        count = min(tile_rows, rows - first)
+        lane = tid % u_group
+        i = tid // u_group
+        while i < count:
+            b = (first + i) // hn
+            h = (first + i) % hn
+            base = lane
+            while base < u64(out.shape[2]):
+                out[b, h, base] = encode(nan, nan)
+                base += u_group
+            if write_lse and lane == u64(0):
+                out_lse[b, h] = nan
+            i += groups
+
+    @jit
+    def combine_tile(t, tile_rows, rows, data, lse, seq_lens, query_start_loc, num_seqs,
+                     vals, bits, slot, out, out_lse, write_lse, base_e, me, hn, tid, groups,
+                     acc, first, second):
+        width = u64(vals.shape[4])
+        d_count = u64(out.shape[2])
+        window_vals = vals[slot]
+        window_bits = bits[slot]
+        start = t * tile_rows
+        count = min(tile_rows, rows - start)
+        lane = tid % u_group
+        i = tid // u_group
+        while i < count:
+            b = (start + i) // hn
+            h = (start + i) % hn
             head = me * hn + h
             dst = out[b, h]
             own = data[b, head]
@@ -241,23 +230,23 @@ def _direct_combine_kernel(kind, n, group=WARP, unroll=UNROLL):
             if row_is_empty(np.int64(b), seq_lens, query_start_loc, num_seqs):
                 own_lse = neg_inf
             low, high = lse_lanes(window_vals, window_bits, b, h, width)
-            # shard p: this rank's own for p == 0, else peer p - 1 or p (this rank skipped)
             m = clean_lse(own_lse)
             for p in range(n):
-                if p != self_rank:
+                if p != me:
                     m = max(m, clean_lse(load_lse(low, high, p)))
             m = finish_max(m)
             total = lse_exp(clean_lse(own_lse) - m, base_e)
             for p in range(n):
-                if p != self_rank:
+                if p != me:
                     total += lse_exp(clean_lse(load_lse(low, high, p)) - m, base_e)
             inv_total = inverse_total(total)
-            if write_lse and lane == 0:
+            if write_lse and lane == u64(0):
                 out_lse[b, h] = global_lse(total, m, base_e)
             base = lane
             while base < d_count:
                 for k in range(accumulators):
                     acc[k] = zero
+                # shard p: this rank's own for p == 0, else peer p - 1 or p (this rank skipped)
                 p = u64(0)
                 while p < u_n:  # two shards at a time
                     p1 = min(p + u_one, u_n - u_one)
@@ -286,53 +275,140 @@ def _direct_combine_kernel(kind, n, group=WARP, unroll=UNROLL):
                     p += u_two
                 store_row(dst, acc, base, d_count)
                 base += u_step
-            row += row_step
+            i += groups
 
-    return combine
+    @cuda.jit
+    def direct(phases, data_bits, data, lse_bits, lse, seq_lens, query_start_loc, num_seqs,
+               windows, vals, bits, flags, state, status, out, out_lse, write_lse, base_e,
+               self_rank, timeout_ns, tile_rows):
+        me = u64(self_rank)
+        epoch = state[0] + 1
+        slot = u64(epoch & 1)
+        hn = u64(vals.shape[3])
+        rows = u64(data.shape[0]) * hn
+        tiles = (rows + u64(tile_rows) - u_one) // u64(tile_rows)
+        max_tiles = (u64(flags[0].shape[0]) - u_n) // u_n
+        push_width = u64(windows[0].shape[4])
+        push_count = u64(data_bits.shape[2])
+        pushing = (phases & PUSH) != 0
+        combining = (phases & COMBINE) != 0
+        tid = u64(cuda.threadIdx.y) * u_warp + u64(cuda.threadIdx.x)
+        threads = u64(cuda.blockDim.y) * u_warp
+        failed = cuda.shared.array(1, np.int32)
+        acc = cuda.local.array(accumulators, np.float32)
+        first = cuda.local.array(unroll, raw)
+        second = cuda.local.array(unroll, raw)
+        if tid == u64(0):
+            failed[0] = load_acquire(state, 2) != 0
+        # a peer that gave up in an earlier call fails this one on every rank alike
+        # (its flags may show tiles it pushed before it gave up); the load, issued now,
+        # is awaited only by the first wait
+        doomed = False
+        if combining and tid < u_n and tid != me:
+            doomed = load_relaxed(flags[me], tid) < 0
+        cuda.syncthreads()
+        t = u64(cuda.blockIdx.x)
+        step = u64(cuda.gridDim.x)
+        ahead = t  # the next tile to push
+        while t < tiles:
+            # Push up to one tile ahead of the combine. ``failed`` is the same for every
+            # thread here: it changes only between the barriers of the wait below.
+            while pushing and ahead <= t + step and ahead < tiles and failed[0] == 0:
+                push_tile(ahead, u64(tile_rows), rows, data_bits, lse_bits, seq_lens,
+                          query_start_loc, num_seqs, windows, slot, me, hn, push_width,
+                          push_count, tid, threads // u_push_group)
+                cuda.syncthreads()  # the tile's stores, before the flags' release
+                if tid < u_n and tid != me:
+                    store_release(flags[tid], u_n + me * max_tiles + ahead, epoch)
+                ahead += step
+            if combining:
+                if tid < u_n and tid != me and failed[0] == 0:
+                    if not wait_for(flags, state, status, tid, u_n + tid * max_tiles + t, epoch,
+                                    me, timeout_ns, doomed):
+                        failed[0] = 1
+                cuda.syncthreads()  # the polls' acquires, before the block's loads
+                if failed[0] != 0:  # no result: NaN, never stale or partial data
+                    nan_tile(t, u64(tile_rows), rows, out, out_lse, write_lse, hn, tid,
+                             threads // u_group)
+                else:
+                    combine_tile(t, u64(tile_rows), rows, data, lse, seq_lens, query_start_loc,
+                                 num_seqs, vals, bits, slot, out, out_lse, write_lse, base_e, me,
+                                 hn, tid, threads // u_group, acc, first, second)
+                cuda.syncthreads()  # every thread read ``failed`` before the next wait
+            t += step
+        cuda.syncthreads()
+        if tid == u64(0):
+            cuda.threadfence()  # this block's work, then its arrival
+            if cuda.atomic.add(state, 1, 1) == cuda.gridDim.x - 1:  # every block is done
+                state[1] = 0
+                if combining:
+                    state[0] = epoch
+
+    return direct
 
 
 @functools.cache
-def direct_combine_kernel(dtype, n, pairs=False, group=WARP):
-    """The direct combine for output ``dtype`` (bfloat16 ``pairs``: uint32 words),
-    ``n`` ranks and ``group`` lanes per row."""
+def direct_kernel(dtype, n, push_bits, pairs=False, push_group=WARP, group=WARP):
+    """The direct kernel for output ``dtype`` (bfloat16 ``pairs``: uint32 words in
+    the combine), ``n`` ranks, the push's element bits ``push_bits`` (uint16 or
+    uint32) and the push's and combine's lanes per row."""
     kind, value = combine_kind(dtype, pairs)
     bits = np.dtype(np.uint32 if value.itemsize == 4 else np.uint16)
     i64 = types.int64
     flag = array_type(np.int64, 1, True)
-    argtypes = (array_type(value, 3, False), array_type(np.float32, 2, False),
+    argtypes = (i64, array_type(push_bits, 3, False), array_type(value, 3, False),
+                array_type(np.uint32, 2, False), array_type(np.float32, 2, False),
                 array_type(np.int64, 1, True), array_type(np.int64, 1, True), i64,
-                array_type(value, 5, True), array_type(bits, 5, True), flag,
+                types.UniTuple(array_type(push_bits, 5, False), n),
+                array_type(value, 5, False), array_type(bits, 5, False),
                 types.UniTuple(flag, n), flag, flag,
-                array_type(value, 3, False), array_type(np.float32, 2, False), i64, i64, i64, i64)
-    return SpecializedKernel(_direct_combine_kernel(kind, n, group), argtypes)
+                array_type(value, 3, False), array_type(np.float32, 2, False),
+                i64, i64, i64, i64, i64)
+    return SpecializedKernel(_direct_kernel(kind, n, push_group, group), argtypes)
 
 
-def direct_combine_launch(dtype, data, lse, seq_lens, query_start_loc, num_seqs, window,
-                          flags, peer_flags, state, status, out, out_lse, is_lse_base_on_e,
-                          self_rank, timeout_ns):
-    """``(kernel, grid, block, args)`` of one direct combine.
+def direct_launch(dtype, data, lse, seq_lens, query_start_loc, num_seqs, windows, flags, state,
+                  status, out, out_lse, is_lse_base_on_e, self_rank, timeout_ns, max_blocks,
+                  phases=PUSH | COMBINE, warps=WARPS):
+    """``(kernel, grid, block, args)`` of one direct call, :class:`DeviceArray`
+    arguments in.
 
-    ``data`` is this rank's ``[B, H, D]`` partials seen as the kind's values,
-    ``lse`` its float32 ``[B, H]``, ``window`` its own ``[2, N, max_tokens, H/N,
-    D + P]`` bits view; bfloat16 goes in pairs where the data, window and output allow.
+    ``data``: this rank's ``[B, H, D]`` partials seen as bits (uint16 or
+    uint32), ``lse`` its float32 ``[B, H]``; ``windows``: every rank's
+    ``[2, N, max_tokens, H/N, D + P]`` bits view (rows may be padded); ``flags``: every rank's int64
+    flags (:func:`flag_words`); ``out`` ``[B, H/N, D]`` seen as bits (``None``
+    for ``phases == PUSH``); ``max_blocks``: the most blocks that are sure to be
+    resident at once beside those of the other ranks on this GPU (blocks of
+    ``warps`` warps). 16-bit data
+    moves as uint32 words where the arrays allow, and bfloat16 is combined in pairs.
     """
     kind, value = combine_kind(dtype)
-    n = len(peer_flags)
-    window_vals = window.view(value)
-    window_bits = window
+    n = len(windows)
+    me = int(self_rank)
+    push_data, push_windows = data, tuple(windows)
+    if data.dtype.itemsize == 2:
+        words = [data.as_words()] + [w.as_words() for w in windows]
+        if None not in words:
+            push_data, push_windows = words[0], tuple(words[1:])
+    if out is None:  # push alone: never written, shaped like the result
+        shape = (data.shape[0], windows[0].shape[3], data.shape[2])
+        out = DeviceArray(data.ptr, shape, c_strides(shape, data.dtype.itemsize), data.dtype,
+                          data.owner)
+    vals_data, vals, bits, vals_out = data.view(value), windows[me].view(value), windows[me], \
+        out.view(value)
     if kind == _BF16:
-        words = data.as_words(), window.as_words(), out.as_words()
+        words = data.as_words(), windows[me].as_words(), out.as_words()
         if None not in words:
             kind = _BF16X2
-            data, window_vals, out = words
-            window_bits = window_vals
+            vals_data, vals, vals_out = words
+            bits = vals
     write_lse = out_lse is not None
     if not write_lse:  # never read: a placeholder of the right type
         out_lse = DeviceArray(out.ptr, (0, 0), (4, 4), np.float32, out.owner)
-    group = lanes_per_row(out.shape[2])
-    grid, block = row_grid(out.shape[0] * out.shape[1], group)
-    kernel = direct_combine_kernel(dtype, n, kind == _BF16X2, group)
-    return kernel, grid, block, (
-        data, lse, seq_lens, query_start_loc, int(num_seqs), window_vals, window_bits, flags,
-        tuple(peer_flags), state, status, out, out_lse, int(write_lse),
-        int(bool(is_lse_base_on_e)), int(self_rank), int(timeout_ns))
+    tile_rows, blocks = tile_grid(data.shape[0] * windows[0].shape[3], max_blocks)
+    kernel = direct_kernel(dtype, n, push_data.dtype, kind == _BF16X2,
+                           lanes_per_row(push_data.shape[2]), lanes_per_row(vals_out.shape[2]))
+    return kernel, (blocks,), (WARP, warps), (
+        int(phases), push_data, vals_data, lse.view(np.uint32), lse, seq_lens, query_start_loc,
+        int(num_seqs), push_windows, vals, bits, tuple(flags), state, status, vals_out, out_lse,
+        int(write_lse), int(bool(is_lse_base_on_e)), me, int(timeout_ns), int(tile_rows))

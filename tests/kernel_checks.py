@@ -133,24 +133,30 @@ def check_combine_rounds_to_nearest_even(to_device, to_host, dtype, b, hn, d, rn
 
 
 class DirectRanks:
-    """The direct kernels of N ranks in one process: their windows, flags, states and
-    statuses, with every rank's push launched before any rank's combine (the order
-    the flags would impose across GPUs)."""
+    """The direct kernel of N ranks in one process: their windows, flags, states and
+    statuses. ``push`` and ``combine`` run one rank's call a phase at a time, so that
+    every rank's push can run before any rank's combine (the order the flags impose
+    across GPUs) where the ranks cannot run at once (the CUDA simulator); ``call``
+    runs the whole call on a stream, for ranks whose kernels run concurrently."""
 
-    def __init__(self, to_device, dtype, n, max_tokens, h, d, timeout_ns=10**9):
+    def __init__(self, to_device, dtype, n, max_tokens, h, d, timeout_ns=10**9, max_blocks=3,
+                 warps=2):
         from cupy_dcp.kernels._arrays import kernel_array
-        from cupy_dcp.kernels.direct import STATE_WORDS
+        from cupy_dcp.kernels.direct import STATE_WORDS, flag_words, row_stride
         from cupy_dcp.layout import bits_dtype
 
         self.to_device, self.dtype, self.n, self.h, self.d = to_device, dtype, n, h, d
         self.bits = bits_dtype(dtype)
-        self.timeout_ns = timeout_ns
-        shape = (2, n, max_tokens, h // n, d + lse_pack_dim(dtype))
+        self.timeout_ns, self.max_blocks, self.warps = timeout_ns, max_blocks, warps
+        width = d + lse_pack_dim(dtype)
+        shape = (2, n, max_tokens, h // n, row_stride(width, self.bits.itemsize))
         self.owners = [to_device(np.zeros(shape, self.bits)) for _ in range(n)]
-        self.flag_owners = [to_device(np.zeros(n, np.int64)) for _ in range(n)]
+        rows = [w[..., :width] for w in self.owners]  # the plan's padded rows
+        words = flag_words(n, max_tokens, h // n)
+        self.flag_owners = [to_device(np.zeros(words, np.int64)) for _ in range(n)]
         self.state_owners = [to_device(np.zeros(STATE_WORDS, np.int64)) for _ in range(n)]
         self.status_owners = [to_device(np.zeros(n, np.int64)) for _ in range(n)]
-        self.windows = tuple(kernel_array(w, self.bits) for w in self.owners)
+        self.windows = tuple(kernel_array(w, self.bits) for w in rows)
         self.flags = tuple(kernel_array(f, np.int64) for f in self.flag_owners)
         self.states = [kernel_array(s, np.int64) for s in self.state_owners]
         self.statuses = [kernel_array(s, np.int64) for s in self.status_owners]
@@ -164,27 +170,28 @@ class DirectRanks:
         return (kernel_array(self.to_device(seq), np.int64), kernel_array(self.to_device(qsl), np.int64),
                 len(seq))
 
-    def push(self, r, x, lse, mask=None):
+    def call(self, r, x, lse, out=None, out_lse=None, mask=None, base_e=True, phases=None,
+             stream=None):
+        """Rank r's call (``phases``: both by default) on ``stream``."""
         from cupy_dcp.kernels._arrays import kernel_array, stream_ptr
-        from cupy_dcp.kernels.direct import push_launch
+        from cupy_dcp.kernels.direct import COMBINE, PUSH, direct_launch
 
-        kernel, grid, block, args = push_launch(
-            kernel_array(x, self.bits), kernel_array(lse, np.uint32), *self._mask(mask),
-            self.windows, self.flags, self.states[r], r)
-        kernel(grid, block, stream_ptr(None), args)
+        phases = PUSH | COMBINE if phases is None else phases
+        kernel, grid, block, args = direct_launch(
+            self.dtype, kernel_array(x, self.bits), kernel_array(lse, np.float32),
+            *self._mask(mask), self.windows, self.flags, self.states[r], self.statuses[r],
+            None if out is None else kernel_array(out, self.bits),
+            None if out_lse is None else kernel_array(out_lse, np.float32), base_e, r,
+            self.timeout_ns, self.max_blocks, phases, self.warps)
+        kernel(grid, block, stream_ptr(stream), args)
+
+    def push(self, r, x, lse, mask=None):
+        from cupy_dcp.kernels.direct import PUSH
+        self.call(r, x, lse, mask=mask, phases=PUSH)
 
     def combine(self, r, x, lse, out, out_lse=None, mask=None, base_e=True):
-        from cupy_dcp.kernels._arrays import kernel_array, stream_ptr
-        from cupy_dcp.kernels.combine import combine_kind
-        from cupy_dcp.kernels.direct import direct_combine_launch
-
-        value = combine_kind(self.dtype)[1]
-        lse_arr = None if out_lse is None else kernel_array(out_lse, np.float32)
-        kernel, grid, block, args = direct_combine_launch(
-            self.dtype, kernel_array(x, value), kernel_array(lse, np.float32), *self._mask(mask),
-            self.windows[r], self.flags[r], self.flags, self.states[r], self.statuses[r],
-            kernel_array(out, value), lse_arr, base_e, r, self.timeout_ns)
-        kernel(grid, block, stream_ptr(None), args)
+        from cupy_dcp.kernels.direct import COMBINE
+        self.call(r, x, lse, out, out_lse, mask, base_e, COMBINE)
 
 
 def _mask_lses(ls, seq_lens, qsl):
@@ -199,11 +206,15 @@ def _mask_lses(ls, seq_lens, qsl):
 
 
 def check_direct(to_device, to_host, dtype, n, tokens, h, d, rng, base_e=True, head_major=False,
-                 strided_input=False, masks=False):
-    """Calls of the direct kernels (one per entry of ``tokens``: B may change between
-    calls, the slots alternate) against the oracle, on every rank."""
+                 strided_input=False, masks=False, streams=None, sync=None, max_blocks=3,
+                 warps=2):
+    """Calls of the direct kernel (one per entry of ``tokens``: B may change between
+    calls, the slots alternate) against the oracle, on every rank: a phase at a
+    time, or with ``streams`` (one per rank) whole calls running concurrently
+    (``sync()`` waits for all the device's work)."""
     hn = h // n
-    ranks = DirectRanks(to_device, dtype, n, max(tokens), h, d)
+    ranks = DirectRanks(to_device, dtype, n, max(tokens), h, d, max_blocks=max_blocks,
+                        warps=warps)
     for b in tokens:
         xs, ls = make_inputs(rng, n, b, h, d, dtype)
         mask = [None] * n
@@ -211,7 +222,8 @@ def check_direct(to_device, to_host, dtype, n, tokens, h, d, rng, base_e=True, h
         if masks and b > 2:
             qsl = np.array([0, 1, b - 1], dtype=np.int64)  # token b-1 is padding
             seqs = [np.array([0 if r == 0 else 3, 5], dtype=np.int64) for r in range(n)]
-            mask = [(seqs[r], qsl) for r in range(n)]
+            # on the device now: a kernel on another stream must not race their upload
+            mask = [(to_device(seqs[r]), to_device(qsl)) for r in range(n)]
             seen = _mask_lses(ls, seqs, qsl)
         if strided_input:  # [H, B, D] storage seen as [B, H, D]
             xd = [to_device(np.ascontiguousarray(xs[r].transpose(1, 0, 2))).transpose(1, 0, 2)
@@ -219,18 +231,24 @@ def check_direct(to_device, to_host, dtype, n, tokens, h, d, rng, base_e=True, h
         else:
             xd = [to_device(xs[r]) for r in range(n)]
         ld = [to_device(ls[r]) for r in range(n)]
-        for r in range(n):
-            ranks.push(r, xd[r], ld[r], mask[r])
         outs, out_lses = [], []
         for r in range(n):
             if head_major:
-                out = to_device(np.zeros((hn, b, d), dtype=dtype)).transpose(1, 0, 2)
+                outs.append(to_device(np.zeros((hn, b, d), dtype=dtype)).transpose(1, 0, 2))
             else:
-                out = to_device(np.zeros((b, hn, d), dtype=dtype))
-            out_lse = to_device(np.zeros((b, hn), dtype=np.float32))
-            ranks.combine(r, xd[r], ld[r], out, out_lse, mask[r], base_e)
-            outs.append(out)
-            out_lses.append(out_lse)
+                outs.append(to_device(np.zeros((b, hn, d), dtype=dtype)))
+            out_lses.append(to_device(np.zeros((b, hn), dtype=np.float32)))
+        if streams is None:
+            for r in range(n):
+                ranks.push(r, xd[r], ld[r], mask[r])
+            for r in range(n):
+                ranks.combine(r, xd[r], ld[r], outs[r], out_lses[r], mask[r], base_e)
+        else:
+            sync()  # the inputs are ready before any rank's call
+            for r in range(n):
+                ranks.call(r, xd[r], ld[r], outs[r], out_lses[r], mask[r], base_e,
+                           stream=streams[r])
+            sync()
         expect, expect_lse = lse_weighted_combine(xs, seen, return_lse=True, is_lse_base_on_e=base_e)
         for r in range(n):
             heads = slice(r * hn, (r + 1) * hn)

@@ -188,13 +188,24 @@ def test_combine_rounds_to_nearest_even(dtype, d):
 @pytest.mark.parametrize("d", [1, 72, 128, 512])
 @pytest.mark.parametrize("n", [2, 4])
 def test_direct_kernels_match_reference(dtype, d, n):
-    """The push and direct combine kernels of N ranks in one process (every push
-    before any combine), over calls of changing B: against the oracle."""
+    """The direct kernel of N ranks in one process, over calls of changing B, against
+    the oracle: a phase at a time (every push before any combine), then whole
+    calls of every rank running at once on their own streams."""
+    import cupy
     to_device, to_host = cupy_io()
     rng = np.random.default_rng(d + n)
     check_direct(to_device, to_host, dtype, n, [64, 7, 33], 8 * n, d, rng, base_e=d != 72)
     check_direct(to_device, to_host, dtype, n, [5, 6], 2 * n, d, rng, head_major=True,
                  strided_input=True, masks=True)
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(n)]
+    sync = cupy.cuda.runtime.deviceSynchronize
+    blocks = cupy.cuda.Device().attributes["MultiProcessorCount"] // n  # all resident
+    for warps in (8, 2):
+        check_direct(to_device, to_host, dtype, n, [1, 300, 64, 2], 8 * n, d, rng,
+                     base_e=d != 72, streams=streams, sync=sync, max_blocks=blocks, warps=warps)
+        check_direct(to_device, to_host, dtype, n, [3, 40], 2 * n, d, rng, head_major=True,
+                     strided_input=True, masks=True, streams=streams, sync=sync, max_blocks=3,
+                     warps=warps)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
