@@ -26,17 +26,19 @@ def _cupy():
 
 
 def _cai(obj):
+    """``(CAI dict, owner)``: the owner keeps the memory alive (``obj``, or the CuPy
+    array that DLPack handed over, which holds the exporter's capsule)."""
     cupy = _cupy()
     if cupy is not None and isinstance(obj, cupy.ndarray):
         # CuPy may not export a CAI for dtypes it holds through ml_dtypes (bfloat16).
         return {"shape": obj.shape, "strides": obj.strides, "data": (obj.data.ptr, False),
-                "typestr": "|u1", "version": 3}
+                "typestr": "|u1", "version": 3}, obj
     try:
         desc = obj.__cuda_array_interface__
     except (AttributeError, TypeError, ValueError, RuntimeError):
         desc = None  # absent, or refused for this dtype (torch's bfloat16): try DLPack
     if desc is not None:
-        return dict(desc)
+        return dict(desc), obj
     if hasattr(obj, "__dlpack__"):
         if cupy is None:
             raise RuntimeError("arrays handed over by DLPack need CuPy (pip install cupy-cuda12x)")
@@ -77,12 +79,12 @@ def kernel_array(obj, dtype, name="array"):
         return DeviceArray(host.ctypes.data, host.shape, host.strides, dtype, host)
     if isinstance(obj, np.ndarray):
         raise TypeError(f"{name} must be a device array (got numpy.ndarray)")
-    desc = _cai(obj)
+    desc, owner = _cai(obj)
     shape = tuple(int(s) for s in desc["shape"])
     strides = desc.get("strides")
     if strides is None:  # C-contiguous, by the CAI's convention
         strides = c_strides(shape, dtype.itemsize)
-    return DeviceArray(int(desc["data"][0]), shape, tuple(int(s) for s in strides), dtype, obj)
+    return DeviceArray(int(desc["data"][0]), shape, tuple(int(s) for s in strides), dtype, owner)
 
 
 def stream_ptr(stream):
