@@ -15,12 +15,14 @@ failure aborts the job; on success each rank prints ``rank {r}/{n} GPU OK``.
 """
 
 import itertools
+import os
 import sys
 
 import numpy as np
 from mpi4py import MPI
 
 import cupy_dcp
+from cupy_dcp.kernels._arrays import kernel_array, pointer_device
 from _helpers import assert_lse_close, run_or_abort, ulp
 from mpi_reduce_worker import B, DTYPES, HN, QUERY_START_LOC, gathered, rank_inputs, seq_lens_of
 
@@ -112,6 +114,8 @@ def interop_cases(world, comm):
         assert isinstance(got, cupy.ndarray), type(got)
         check_rank_result(host(got, dtype), cupy.asnumpy(got_lse), ref, ref_lse, magnitude,
                           f"rank {rank} torch inputs")
+    # JAX would otherwise take 75% of every GPU in each rank's process
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     try:
         import jax
         gpus = jax.devices("gpu")
@@ -122,9 +126,14 @@ def interop_cases(world, comm):
         ref, ref_lse, magnitude = expected(world, x32, lse32, True, False)
         # this rank's GPU, and the copies complete: the library reads arrays in place
         # and orders nothing on JAX's streams
-        gpu = next((g for g in gpus if g.id == comm.device), gpus[0])
+        # JAX's device id need not be the CUDA ordinal (under mpirun it can number the
+        # GPUs of every process); its local hardware id is
+        gpu = next(g for g in gpus if getattr(g, "local_hardware_id", g.id) == comm.device)
         jx = jax.device_put(x32, gpu).block_until_ready()
         jl = jax.device_put(lse32, gpu).block_until_ready()
+        where = pointer_device(kernel_array(jx, np.float32).ptr)
+        assert where == comm.device, f"rank {rank}: JAX put its array on GPU {where}, " \
+            f"not on this rank's GPU {comm.device} (a test set-up problem, not the library's)"
         got, got_lse = cupy_dcp.dcp_a2a_lse_reduce(jx, jl, comm, return_lse=True)
         check_rank_result(cupy.asnumpy(got), cupy.asnumpy(got_lse), ref, ref_lse, magnitude,
                           f"rank {rank} JAX inputs")
@@ -178,11 +187,14 @@ def graph_cases(world, comm):
 def main(backend):
     world = MPI.COMM_WORLD
     comm = cupy_dcp.Communicator.from_mpi(world, backend=backend)
+    comm.select_device()  # the "mpi" backend leaves the device to us: arrays go on the rank's GPU
     functional_cases(world, comm)
-    torch_ran, jax_ran = interop_cases(world, comm)
     plan_cases(world, comm)
     if backend == "nccl":
         graph_cases(world, comm)
+    print(f"rank {world.Get_rank()}/{world.Get_size()} functional, plan and graph cases OK",
+          flush=True)
+    torch_ran, jax_ran = interop_cases(world, comm)
     world.Barrier()
     print(f"rank {world.Get_rank()}/{world.Get_size()} GPU OK (torch inputs: {torch_ran}, "
           f"JAX inputs: {jax_ran})", flush=True)
