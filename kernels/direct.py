@@ -174,12 +174,16 @@ def _direct_kernel(kind, n, push_group, group, unroll=UNROLL):
         return True
 
     @jit
+    def tile_cursor(t, tile_rows, rows, tid, group):
+        """Tile t's first row and row count, this thread's lane in its row's group of
+        ``group`` lanes, and the group's first row in the tile."""
+        first = t * tile_rows
+        return first, min(tile_rows, rows - first), tid % group, tid // group
+
+    @jit
     def push_tile(t, tile_rows, rows, data, lse_bits, seq_lens, query_start_loc, num_seqs,
                   windows, slot, me, hn, width, d_count, tid, groups):
-        first = t * tile_rows
-        count = min(tile_rows, rows - first)
-        lane = tid % u_push_group
-        i = tid // u_push_group
+        first, count, lane, i = tile_cursor(t, tile_rows, rows, tid, u_push_group)
         while i < (u_n - u_one) * count:
             k = i // count
             row = first + i % count
@@ -193,10 +197,7 @@ def _direct_kernel(kind, n, push_group, group, unroll=UNROLL):
 
     @jit
     def nan_tile(t, tile_rows, rows, out, out_lse, write_lse, hn, tid, groups):
-        first = t * tile_rows
-        count = min(tile_rows, rows - first)
-        lane = tid % u_group
-        i = tid // u_group
+        first, count, lane, i = tile_cursor(t, tile_rows, rows, tid, u_group)
         while i < count:
             b = (first + i) // hn
             h = (first + i) % hn
@@ -216,10 +217,7 @@ def _direct_kernel(kind, n, push_group, group, unroll=UNROLL):
         d_count = u64(out.shape[2])
         window_vals = vals[slot]
         window_bits = bits[slot]
-        start = t * tile_rows
-        count = min(tile_rows, rows - start)
-        lane = tid % u_group
-        i = tid // u_group
+        start, count, lane, i = tile_cursor(t, tile_rows, rows, tid, u_group)
         while i < count:
             b = (start + i) // hn
             h = (start + i) % hn
