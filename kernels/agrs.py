@@ -18,7 +18,7 @@ from ..layout import as_dtype
 from ._arrays import kernel_array, stream_ptr
 from ._device import device_functions
 from ._launch import DeviceArray, SpecializedKernel, array_type
-from ._rows import UNROLL, WARP, lanes_per_row, row_cursor, row_grid
+from ._rows import UNROLL, lanes_per_row, row_cursor, row_grid
 from .combine import _codecs, combine_kind
 
 __all__ = ["agrs_correct", "agrs_finish", "correct_kernel", "correct_launch", "finish_kernel",
