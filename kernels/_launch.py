@@ -191,6 +191,7 @@ class SpecializedKernel:
     def resident_blocks(self, block):
         """How many blocks of shape ``block`` the current GPU holds at once (on all
         its SMs), by the CUDA occupancy calculator for this kernel's registers."""
+        self._dispatcher.compile(self.argtypes)  # once: the numba launcher compiles lazily
         return self._dispatcher.overloads[self.argtypes].max_cooperative_grid_blocks(block)
 
     def __call__(self, grid, block, stream_ptr, args):
