@@ -1,0 +1,43 @@
+"""The direct window's layout and the tile cut of a call (pure arithmetic, no GPU).
+
+Every rank cuts a call into the same tiles, and a tile's flag must exist in
+every window: for every token count up to ``max_tokens`` the tiles fit the
+flags the window was sized with.
+"""
+
+import itertools
+
+import pytest
+
+from cupy_dcp.kernels.direct import (MIN_TILE_ROWS, TILES_PER_BLOCK, flag_words, row_stride,
+                                     tile_grid)
+
+
+@pytest.mark.parametrize("n, max_tokens, local_heads", [(2, 1, 1), (2, 7, 3), (4, 33, 16),
+                                                        (2, 2048, 64), (8, 513, 5)])
+@pytest.mark.parametrize("max_blocks", [1, 3, 66, 264, 1056])
+def test_every_call_fits_the_flags(n, max_tokens, local_heads, max_blocks):
+    tiles_per_rank = flag_words(n, max_tokens, local_heads) // n - 1  # past the failure flags
+    for tokens in sorted({1, 2, 3, max_tokens // 2 or 1, max_tokens - 1 or 1, max_tokens}):
+        rows = tokens * local_heads
+        tile_rows, blocks = tile_grid(rows, max_blocks)
+        tiles = -(-rows // tile_rows)
+        assert tile_rows >= MIN_TILE_ROWS and tile_rows % MIN_TILE_ROWS == 0
+        assert tiles <= tiles_per_rank, (tokens, tile_rows, tiles, tiles_per_rank)
+        assert 1 <= blocks <= min(tiles, max_blocks)
+        if tile_rows > MIN_TILE_ROWS:  # a large call: a few tiles per block, not more
+            assert tiles <= max_blocks * TILES_PER_BLOCK
+        # the tiles cover the rows exactly once
+        assert (tiles - 1) * tile_rows < rows <= tiles * tile_rows
+
+
+@pytest.mark.parametrize("itemsize, width", list(itertools.product((2, 4), (1, 3, 7, 66, 130, 257,
+                                                                            514, 1025))))
+def test_window_rows_start_on_sectors(itemsize, width):
+    stride = row_stride(width, itemsize)
+    nbytes = stride * itemsize
+    sector = -(-width * itemsize // 32) * 32
+    assert stride >= width and nbytes % 32 == 0
+    assert nbytes == sector or (nbytes % 128 == 0 and 8 * nbytes <= 9 * sector)
+    if sector % 128 == 0:
+        assert nbytes == sector  # already on a line: no padding beyond the sector
