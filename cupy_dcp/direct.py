@@ -91,7 +91,7 @@ class DcpDirectPlan(_Plan):
     Args:
         comm, max_tokens, num_heads, head_dim, dtype, return_lse,
             is_lse_base_on_e: as for :class:`DcpA2APlan`.
-        timeout: seconds a call's combine waits for a peer before it gives up
+        timeout: seconds a call waits for a peer's tile before it gives up
             (see the module docstring); ``None`` is the communicator's
             ``timeout``, else 30 s.
 
