@@ -110,7 +110,9 @@ def _codecs(kind):
 
 @functools.cache
 def row_accumulator(kind, group=WARP, unroll=UNROLL):
-    """Device functions ``add_weighted(acc, first, second, w0, w1, base, d_count)``
+    """Device functions ``load_two(first, second, src0, src1, base, d_count)``
+    (two shards' values into ``first`` and ``second``, every load issued before
+    any is used), ``add_weighted(acc, first, second, w0, w1, base, d_count)``
     (two shards' loaded values, weighted, into the float32 accumulators; a zero
     weight adds nothing, even NaN) and ``store_row(dst, acc, base, d_count)``
     (the accumulators rounded once into the output), for this lane's ``unroll``
@@ -122,6 +124,14 @@ def row_accumulator(kind, group=WARP, unroll=UNROLL):
     u64 = np.uint64
     u_group = u64(group)
     jit = cuda.jit(device=True)
+
+    @jit
+    def load_two(first, second, src0, src1, base, d_count):
+        for k in range(unroll):
+            d = base + u64(k) * u_group
+            if d < d_count:
+                first[k] = src0[d]
+                second[k] = src1[d]
 
     @jit
     def add_weighted(acc, first, second, w0, w1, base, d_count):
@@ -143,7 +153,7 @@ def row_accumulator(kind, group=WARP, unroll=UNROLL):
             if d < d_count:
                 dst[d] = encode(acc[k], acc[unroll + k])
 
-    return add_weighted, store_row
+    return load_two, add_weighted, store_row
 
 
 @functools.cache
@@ -151,7 +161,7 @@ def _combine_kernel(kind, group=WARP, unroll=UNROLL):
     f = device_functions()
     accumulators = 2 * unroll  # low and high value of each word in pairs mode
     lse_lanes, load_lse = _codecs(kind)[:2]
-    add_weighted, store_row = row_accumulator(kind, group, unroll)
+    load_two, add_weighted, store_row = row_accumulator(kind, group, unroll)
     raw = RAW[kind]
     clean_lse, finish_max, lse_exp = f["clean_lse"], f["finish_max"], f["lse_exp"]
     inverse_total, global_lse, shard_weight = f["inverse_total"], f["global_lse"], f["shard_weight"]
@@ -189,13 +199,7 @@ def _combine_kernel(kind, group=WARP, unroll=UNROLL):
                 r = u64(0)
                 while r < n:  # two shards at a time
                     r1 = min(r + u_one, n - u_one)
-                    src0 = vals[r, b, h]
-                    src1 = vals[r1, b, h]
-                    for k in range(unroll):  # every load issued before any is used
-                        d = base + u64(k) * u_group
-                        if d < d_count:
-                            first[k] = src0[d]
-                            second[k] = src1[d]
+                    load_two(first, second, vals[r, b, h], vals[r1, b, h], base, d_count)
                     if not weighed:  # the row's LSEs load while the partials do (lane 0
                         # always gets here: D >= 1)
                         m = neg_inf

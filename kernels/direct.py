@@ -126,7 +126,7 @@ def _direct_kernel(kind, n, push_group, group, unroll=UNROLL):
     row_is_empty = f["row_is_empty"]
     accumulators = 2 * unroll
     lse_lanes, load_lse, _, _, encode = _codecs(kind)
-    add_weighted, store_row = row_accumulator(kind, group, unroll)
+    load_two, add_weighted, store_row = row_accumulator(kind, group, unroll)
     raw = RAW[kind]
     clean_lse, finish_max, lse_exp = f["clean_lse"], f["finish_max"], f["lse_exp"]
     inverse_total, global_lse, shard_weight = f["inverse_total"], f["global_lse"], f["shard_weight"]
@@ -251,20 +251,11 @@ def _direct_kernel(kind, n, push_group, group, unroll=UNROLL):
                     r1 = p1 - u_one if p1 - u_one < me else p1  # p1 >= 1
                     src1 = window_vals[r1, b, h]
                     if p == u64(0):
-                        for k in range(unroll):  # every load issued before any is used
-                            d = base + u64(k) * u_group
-                            if d < d_count:
-                                first[k] = own[d]
-                                second[k] = src1[d]
+                        load_two(first, second, own, src1, base, d_count)
                         w0 = shard_weight(own_lse, m, inv_total, base_e)
                     else:
                         r0 = p - u_one if p - u_one < me else p
-                        src0 = window_vals[r0, b, h]
-                        for k in range(unroll):
-                            d = base + u64(k) * u_group
-                            if d < d_count:
-                                first[k] = src0[d]
-                                second[k] = src1[d]
+                        load_two(first, second, window_vals[r0, b, h], src1, base, d_count)
                         w0 = shard_weight(load_lse(low, high, r0), m, inv_total, base_e)
                     w1 = zero
                     if p1 != p:
