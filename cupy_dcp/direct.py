@@ -47,18 +47,25 @@ def direct_problem(comm):
     rank able to reach every peer's GPU: the same GPU, or peer access between
     the two. Selects each rank's GPU as a side effect.
     """
-    from .comm import as_communicator, _cupy_problem
+    from .comm import as_communicator
 
-    comm = as_communicator(comm)
+    return _survey(as_communicator(comm))[0]
+
+
+def _survey(comm):
+    """Collective: ``(problem, addresses)``: :func:`direct_problem`'s answer and every
+    rank's GPU as a PCI address (``None`` where a problem was found before them)."""
+    from .comm import _cupy_problem
+
     mpi = comm.mpi_comm
     node = mpi.Split_type(MPI.COMM_TYPE_SHARED)
     on_one_node = node.Get_size() == mpi.Get_size()
     node.Free()
     if not on_one_node:
-        return "the ranks are not all on one node"
+        return "the ranks are not all on one node", None
     problem = _cupy_problem()
     if mpi.allgather(problem is None) != [True] * comm.world_size:
-        return "a rank lacks CuPy or a GPU"
+        return "a rank lacks CuPy or a GPU", None
     comm.select_device()
     import cupy
 
@@ -76,7 +83,7 @@ def direct_problem(comm):
         if problem:
             break
     problems = [p for p in mpi.allgather(problem) if p]
-    return problems[0] if problems else None
+    return (problems[0] if problems else None), everyone
 
 
 def _pci_address(runtime, device):
@@ -114,7 +121,7 @@ class DcpDirectPlan(_Plan):
                          is_lse_base_on_e)
 
     def _prepare_device(self):
-        problem = direct_problem(self.comm)
+        problem, self._addresses = _survey(self.comm)  # every rank's GPU, by PCI address
         if problem is not None:
             raise RuntimeError(f"the direct path cannot run here: {problem} "
                                "(use DcpA2APlan, or dcp_plan(..., strategy='auto'))")
@@ -136,16 +143,15 @@ class DcpDirectPlan(_Plan):
         # The kernel's blocks wait for each other across GPUs, so every block of every
         # rank on this GPU must be resident at once; and every rank must cut a call into
         # the same tiles and blocks: the fewest that any rank can hold.
-        mine = _pci_address(runtime, comm.device)
-        sharing = comm.mpi_comm.allgather(mine).count(mine)
+        sharing = self._addresses.count(self._addresses[comm.rank])
         self._max_blocks = min(comm.mpi_comm.allgather(max(1, self._resident // sharing)))
-        self._width = self.head_dim + lse_pack_dim(self.dtype)
-        stride = row_stride(self._width, self.bits.itemsize)
-        self._slot_elements = n * self.max_tokens * self.local_heads * stride
+        width = self.head_dim + lse_pack_dim(self.dtype)
+        stride = row_stride(width, self.bits.itemsize)
+        slot_elements = n * self.max_tokens * self.local_heads * stride
         # the flags, padded so that the slots start 512-byte aligned
-        self._flag_words = flag_words(n, self.max_tokens, self.local_heads)
-        self._flags_bytes = -(-8 * self._flag_words // 512) * 512
-        nbytes = self._flags_bytes + 2 * self._slot_elements * self.bits.itemsize
+        words = flag_words(n, self.max_tokens, self.local_heads)
+        flags_bytes = -(-8 * words // 512) * 512
+        nbytes = flags_bytes + 2 * slot_elements * self.bits.itemsize
         error = None
         try:
             self._window = runtime.malloc(nbytes)  # its own allocation: IPC maps whole ones
@@ -179,14 +185,12 @@ class DcpDirectPlan(_Plan):
             raise RuntimeError(f"rank {rank} could not set up the direct path: {detail}")
         bases = list(self._peers)
         bases.insert(comm.rank, self._window)
-        self._bases = bases
         self._state_arr = kernel_array(self._state, np.int64, "state")
         self._status_arr = DeviceArray(self._status, (n,), (8,), np.int64, self)
-        self._flags = tuple(DeviceArray(b, (self._flag_words,), (8,), np.int64, self)
-                            for b in bases)
-        shape = (2, n, self.max_tokens, self.local_heads, self._width)
+        self._flags = tuple(DeviceArray(b, (words,), (8,), np.int64, self) for b in bases)
+        shape = (2, n, self.max_tokens, self.local_heads, width)
         strides = c_strides(shape[:-1] + (stride,), self.bits.itemsize)
-        self._windows = tuple(DeviceArray(b + self._flags_bytes, shape, strides, self.bits, self)
+        self._windows = tuple(DeviceArray(b + flags_bytes, shape, strides, self.bits, self)
                               for b in bases)
         try:
             comm.barrier("setting up the direct path")  # every window is zeroed and mapped
