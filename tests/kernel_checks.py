@@ -270,13 +270,14 @@ def check_direct_missing_peer(to_device, to_host, dtype, rng, timeout_ns=50_000_
                               slack_s=1.0):
     """Rank 1 skips call 2: rank 0's combine gives up (TIMED_OUT, NaN out, tells rank 1)
     within the bound, though its grid has several blocks (once one gave up, the
-    others stop); rank 1's call 2 then fails at once (PEER_FAILED); rank 0's call 3
+    others stop; ``b`` picks the schedule, see ``tile_grid``); rank 1's call 2 then fails at once (PEER_FAILED); rank 0's call 3
     neither pushes nor waits."""
     import time
 
-    from cupy_dcp.kernels.direct import PEER_FAILED, TIMED_OUT
+    from cupy_dcp.kernels.direct import PEER_FAILED, TIMED_OUT, tile_grid
 
     n, h, d = 2, 4, 8
+    assert tile_grid(b * h // n, 3)[1] > 1, "the test needs several blocks"
     ranks = DirectRanks(to_device, dtype, n, b, h, d, timeout_ns=timeout_ns)
     xs, ls = make_inputs(rng, n, b, h, d, dtype, adversarial=False)
     xd, ld = [to_device(xs[r]) for r in range(n)], [to_device(ls[r]) for r in range(n)]

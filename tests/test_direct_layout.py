@@ -9,8 +9,8 @@ import itertools
 
 import pytest
 
-from cupy_dcp.kernels.direct import (MIN_TILE_ROWS, TILES_PER_BLOCK, flag_words, row_stride,
-                                     tile_grid)
+from cupy_dcp.kernels.direct import (MIN_TILE_ROWS, SPLIT_TILE_ROWS, TILES_PER_BLOCK, flag_words,
+                                     row_stride, tile_grid)
 
 
 @pytest.mark.parametrize("n, max_tokens, local_heads", [(2, 1, 1), (2, 7, 3), (4, 33, 16),
@@ -20,13 +20,21 @@ def test_every_call_fits_the_flags(n, max_tokens, local_heads, max_blocks):
     tiles_per_rank = flag_words(n, max_tokens, local_heads) // n - 1  # past the failure flags
     for tokens in sorted({1, 2, 3, max_tokens // 2 or 1, max_tokens - 1 or 1, max_tokens}):
         rows = tokens * local_heads
-        tile_rows, blocks = tile_grid(rows, max_blocks)
+        tile_rows, blocks, pushers = tile_grid(rows, max_blocks)
         tiles = -(-rows // tile_rows)
         assert tile_rows >= MIN_TILE_ROWS and tile_rows % MIN_TILE_ROWS == 0
         assert tiles <= tiles_per_rank, (tokens, tile_rows, tiles, tiles_per_rank)
-        assert 1 <= blocks <= min(tiles, max_blocks)
-        if tile_rows > MIN_TILE_ROWS:  # a large call: a few tiles per block, not more
-            assert tiles <= max_blocks * TILES_PER_BLOCK
+        assert 1 <= blocks <= max_blocks
+        if pushers == 0:  # every block pushes and combines: each has a tile
+            assert blocks <= tiles
+            smallest, takers = MIN_TILE_ROWS, blocks
+        else:  # some blocks only push, the others only combine: each has a tile
+            assert 1 <= pushers < blocks and max(pushers, blocks - pushers) <= tiles
+            assert rows > max_blocks * MIN_TILE_ROWS  # a small call is never split
+            smallest, takers = SPLIT_TILE_ROWS, pushers
+            assert tile_rows >= smallest
+        if tile_rows > smallest:  # a large call: a few tiles per block, not more
+            assert tiles <= takers * TILES_PER_BLOCK
         # the tiles cover the rows exactly once
         assert (tiles - 1) * tile_rows < rows <= tiles * tile_rows
 

@@ -209,6 +209,7 @@ def test_direct_kernels_match_reference(dtype, d, n):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_direct_kernels_missing_peer(dtype):
+@pytest.mark.parametrize("b", [8, 40], ids=["blocks_push_and_combine", "split_blocks"])
+def test_direct_kernels_missing_peer(dtype, b):
     to_device, to_host = cupy_io()
-    check_direct_missing_peer(to_device, to_host, dtype, np.random.default_rng(3))
+    check_direct_missing_peer(to_device, to_host, dtype, np.random.default_rng(3), b=b)

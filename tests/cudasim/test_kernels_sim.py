@@ -109,13 +109,24 @@ def test_direct_push_and_combine(dtype, n, h, d, base_e):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_direct_split_schedule(dtype):
+    """Calls large enough that some blocks only push and the others only combine,
+    between small ones where every block does both."""
+    from cupy_dcp.kernels.direct import tile_grid
+
+    assert tile_grid(30 * 2, 3)[2] == 1 and tile_grid(3 * 2, 3)[2] == 0
+    check_direct(ident, host, dtype, 2, [30, 3, 41], 4, 5, np.random.default_rng(7))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_direct_strided_masked(dtype):
     check_direct(ident, host, dtype, 3, [4, 5], 6, 4, np.random.default_rng(5),
                  head_major=True, strided_input=True, masks=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_direct_missing_peer(dtype):
-    # 40 tokens: three blocks in the combine's grid; the simulator is slow, hence the slack
+@pytest.mark.parametrize("b", [8, 40], ids=["blocks_push_and_combine", "split_blocks"])
+def test_direct_missing_peer(dtype, b):
+    # several blocks wait; the simulator is slow, hence the slack
     check_direct_missing_peer(ident, host, dtype, np.random.default_rng(9), timeout_ns=2 * 10**9,
-                              slack_s=20.0)
+                              b=b, slack_s=20.0)
