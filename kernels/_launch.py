@@ -201,6 +201,15 @@ class SpecializedKernel:
             return
         self.launch_flat(grid, block, stream_ptr, flatten(args))
 
+    def prepare(self, grid, block, args):
+        """This launch made ready once: ``launch(stream_ptr)`` then only launches.
+        The result holds the arguments as ints, none of their owners; ``None``
+        under the Numba launcher (its arguments must keep their owners)."""
+        if self.kind == "numba":
+            return None
+        flat = flatten(args)
+        return lambda stream_ptr: self.launch_flat(grid, block, stream_ptr, flat)
+
     def launch_flat(self, grid, block, stream_ptr, flat):
         """Launch with arguments already flattened to the ABI."""
         if self.kind == "driver":

@@ -5,8 +5,9 @@ Run: mpirun -n 2 python tests/direct_worker.py MODE [COUNT]
 Ranks may share one GPU (IPC works within a device) or each have their own.
 
 - ``exact``: every dtype, both bases, return_lse, masks (empty shards),
-  strided and head-major ``out=``, B changing between calls; every rank
-  against the oracle of every rank's inputs. Prints ``direct exact OK``.
+  strided and head-major ``out=``, B changing between calls, the same
+  shapes into two results in turn; every rank against the oracle of every
+  rank's inputs. Prints ``direct exact OK``.
 - ``race COUNT``: COUNT eager calls back to back, then COUNT replays of a
   captured call, the inputs changing every call (three input sets in turn:
   reading a slot of the previous call, or of the one before, gives another
@@ -22,6 +23,7 @@ Ranks may share one GPU (IPC works within a device) or each have their own.
 import sys
 import time
 
+import numpy as np
 from mpi4py import MPI
 
 import cupy_dcp
@@ -56,9 +58,24 @@ def exact(world, comm):
                     ref, ref_lse, scale = expected(world, x, lse, base_e, masked)
                     check_rank_result(host(got, dtype), cupy.asnumpy(got_lse), ref, ref_lse,
                                       scale, where)
+                # a plan keeps ready launches by the call's arrays: two results of one shape,
+                # in turn, each rewritten by the next call but one, all exact
+                x, lse = rank_inputs(rank, case + 100, dtype, D, HN * n)
+                xd, ld = cupy.asarray(x), cupy.asarray(lse)
+                ref, ref_lse, scale = expected(world, x, lse, base_e, False)
+                outs = [cupy.full((B, HN, D), np.nan, dtype=dtype),
+                        cupy.full((HN, B, D), np.nan, dtype=dtype).transpose(1, 0, 2)]
+                for k in range(4):
+                    outs[k % 2].fill(np.nan)
+                    got, got_lse = plan(xd, ld, out=outs[k % 2])
+                    plan.synchronize()
+                    check_rank_result(host(got, dtype), cupy.asnumpy(got_lse), ref, ref_lse,
+                                      scale, f"rank {rank} direct {dtype} D={D} out {k % 2}, "
+                                             f"call {k}")
     world.Barrier()
     if rank == 0:
-        print(f"direct exact OK: {case} cases on {n} ranks", flush=True)
+        print(f"direct exact OK: {case} cases and {4 * len(DTYPES) * 3} repeated calls on "
+              f"{n} ranks", flush=True)
 
 
 _COUNT_DIFF = None

@@ -270,8 +270,9 @@ def check_direct_missing_peer(to_device, to_host, dtype, rng, timeout_ns=50_000_
                               slack_s=1.0):
     """Rank 1 skips call 2: rank 0's combine gives up (TIMED_OUT, NaN out, tells rank 1)
     within the bound, though its grid has several blocks (once one gave up, the
-    others stop; ``b`` picks the schedule, see ``tile_grid``); rank 1's call 2 then fails at once (PEER_FAILED); rank 0's call 3
-    neither pushes nor waits."""
+    others stop; ``b`` picks the schedule, see ``tile_grid``); rank 1's call 2
+    then fails at once (PEER_FAILED); rank 0's call 3 neither pushes nor waits."""
+
     import time
 
     from cupy_dcp.kernels.direct import PEER_FAILED, TIMED_OUT, tile_grid
