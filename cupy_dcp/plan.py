@@ -143,13 +143,19 @@ class _Plan:
         if self.return_lse:
             result_lse = self._result_lse[:B] if out_lse is None else out_lse
         if B > 0:
-            ptr = stream_ptr(stream)
-            x_bits = kernel_array(cp_attn_out, self.bits, "cp_attn_out")
-            result_arr = kernel_array(result, self._value, "out")
-            lse, mask = self._stage_inputs(B, cp_attn_lse, seq_lens, query_start_loc, ptr)
-            self._check_device(cp_attn_out=x_bits, cp_attn_lse=lse, out=result_arr)
-            lse_arr = None if result_lse is None else kernel_array(result_lse, np.float32, "out_lse")
-            self._run(B, x_bits, lse, mask, result_arr, lse_arr, ptr)
+            import cupy
+
+            # The launches go to the current GPU, and stream=None means its current stream:
+            # make it the plan's, whatever the caller's is (JAX, for one, changes it).
+            with cupy.cuda.Device(self.comm.device):
+                ptr = stream_ptr(stream)
+                x_bits = kernel_array(cp_attn_out, self.bits, "cp_attn_out")
+                result_arr = kernel_array(result, self._value, "out")
+                lse, mask = self._stage_inputs(B, cp_attn_lse, seq_lens, query_start_loc, ptr)
+                self._check_device(cp_attn_out=x_bits, cp_attn_lse=lse, out=result_arr)
+                lse_arr = None if result_lse is None else kernel_array(result_lse, np.float32,
+                                                                       "out_lse")
+                self._run(B, x_bits, lse, mask, result_arr, lse_arr, ptr)
         return (result, result_lse) if self.return_lse else result
 
     def _check_device(self, **arrays):

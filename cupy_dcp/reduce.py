@@ -183,7 +183,8 @@ def _reduce_device(strategy, x, lse, comm, return_lse, base_e, out, seq_lens, qu
 
     B, hn, D = result_shape
     H = hn * comm.world_size
-    ptr = stream_ptr(stream)
+    with cupy.cuda.Device(comm.device):  # stream=None: the current stream of the rank's GPU
+        ptr = stream_ptr(stream)
     # One cached plan per stream: calls on one stream are ordered, so they may
     # share buffers; calls on two streams must not.
     key = (ptr, strategy, H, D, dtype, bool(return_lse), bool(base_e))

@@ -91,6 +91,15 @@ def functional_cases(world, comm):
         ref, ref_lse, scale = expected(world, x, lse, base_e, masked)
         check_rank_result(host(got, dtype), None if got_lse is None else cupy.asnumpy(got_lse),
                           ref, ref_lse, scale, where)
+    # a call made while another GPU is current runs on the rank's own, all the same
+    dtype = DTYPES[1]
+    x, lse = rank_inputs(rank, 400, dtype, 64, HN * world.Get_size())
+    dx, dl = cupy.asarray(x), cupy.asarray(lse)
+    with cupy.cuda.Device((comm.device + 1) % cupy.cuda.runtime.getDeviceCount()):
+        got = cupy_dcp.dcp_a2a_lse_reduce(dx, dl, comm)
+    ref, ref_lse, scale = expected(world, x, lse, True, False)
+    check_rank_result(host(got, dtype), None, ref, ref_lse, scale,
+                      f"rank {rank} functional call with another GPU current")
 
 
 def interop_cases(world, comm):
@@ -146,11 +155,17 @@ def plan_cases(world, comm):
     for plan_type, dtype in itertools.product((cupy_dcp.DcpA2APlan, cupy_dcp.DcpAgRsPlan), DTYPES):
         D = 128
         plan = plan_type(comm, B, HN * n, D, dtype, return_lse=True)
+        # the last call is made while another GPU is current (as JAX leaves it): the plan
+        # still runs on its own GPU, stream=None meaning that GPU's current stream
+        other = (comm.device + 1) % cupy.cuda.runtime.getDeviceCount()
         for call in range(3):  # buffer reuse with changing inputs and sizes
             tokens = B - call
             x, lse = rank_inputs(rank, 100 + call, dtype, D, HN * n)
             x, lse = x[:tokens], lse[:tokens]
-            got, got_lse = plan(cupy.asarray(x), cupy.asarray(lse))
+            dx, dl = cupy.asarray(x), cupy.asarray(lse)
+            with cupy.cuda.Device(other if call == 2 else comm.device):
+                got, got_lse = plan(dx, dl)
+                assert cupy.cuda.runtime.getDevice() == (other if call == 2 else comm.device)
             ref, ref_lse, scale = expected(world, x, lse, True, False)
             check_rank_result(host(got, dtype), cupy.asnumpy(got_lse), ref, ref_lse, scale,
                               f"rank {rank} {plan_type.__name__} {dtype} call {call}")
