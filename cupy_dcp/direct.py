@@ -30,7 +30,7 @@ from .kernels._launch import DeviceArray
 from .kernels._rows import WARP, lanes_per_row
 from .kernels.direct import (PEER_FAILED, STATE_WORDS, TIMED_OUT, WARPS, direct_kernel,
                              direct_launch, flag_words, row_stride)
-from .plan import DcpA2APlan, _Plan
+from .plan import DcpA2APlan, _Plan, _ready_steps
 from .kernels._arrays import kernel_array
 
 __all__ = ["DcpDirectPlan", "dcp_plan", "direct_problem"]
@@ -38,7 +38,6 @@ __all__ = ["DcpDirectPlan", "dcp_plan", "direct_problem"]
 DEFAULT_TIMEOUT = 30.0
 _MAX_TIMEOUT = 1e9  # seconds; its nanoseconds must fit the kernel's int64
 _HOST_ALLOC_PORTABLE_MAPPED = 3  # cudaHostAllocPortable | cudaHostAllocMapped
-_LAUNCHES_KEPT = 64  # ready launches a plan keeps, by the arrays of the call
 
 
 def direct_problem(comm):
@@ -117,7 +116,7 @@ class DcpDirectPlan(_Plan):
         self._window = self._status = None
         self._peers = []
         self._windows = self._flags = ()
-        self._launches = {}
+        self._ready = {}
         self._timeout_arg = timeout
         super().__init__(comm, max_tokens, num_heads, head_dim, dtype, return_lse,
                          is_lse_base_on_e)
@@ -219,25 +218,13 @@ class DcpDirectPlan(_Plan):
 
     def _run(self, tokens, x_bits, lse, mask, result, result_lse, ptr):
         self.check()
-        # A decode loop calls with the same few arrays again and again: their launches
-        # are made ready once (the arguments depend on nothing but these addresses,
-        # shapes and strides; the dtypes are the plan's).
-        key = tuple((a.ptr, a.shape, a.strides) for a in (x_bits, lse, mask[0], mask[1], result)) \
-            + (mask[2], None if result_lse is None else (result_lse.ptr, result_lse.strides))
-        launch = self._launches.get(key)
-        if launch is None:
-            kernel, grid, block, args = direct_launch(
-                self.dtype, x_bits, lse, *mask, self._windows, self._flags, self._state_arr,
-                self._status_arr, result.view(self.bits), result_lse, self.base_e,
-                self.comm.rank, int(self.timeout * 1e9), self._max_blocks)
-            launch = kernel.prepare(grid, block, args)
-            if launch is None:  # the Numba launcher: no ready launches
-                kernel(grid, block, ptr, args)
-                return
-            if len(self._launches) >= _LAUNCHES_KEPT:
-                del self._launches[next(iter(self._launches))]  # the oldest
-            self._launches[key] = launch
-        launch(ptr)
+        super()._run(tokens, x_bits, lse, mask, result, result_lse, ptr)
+
+    def _steps(self, tokens, x_bits, lse, mask, result, result_lse):
+        return _ready_steps(direct_launch(
+            self.dtype, x_bits, lse, *mask, self._windows, self._flags, self._state_arr,
+            self._status_arr, result.view(self.bits), result_lse, self.base_e, self.comm.rank,
+            int(self.timeout * 1e9), self._max_blocks))
 
     def check(self):
         """Raise ``RuntimeError`` if a call of this plan has failed a wait (it reads
@@ -311,7 +298,7 @@ class DcpDirectPlan(_Plan):
         while self._peers:
             runtime.ipcCloseMemHandle(self._peers.pop())
         self._windows = self._flags = ()
-        self._launches.clear()  # they name the windows
+        self._ready = {}  # the ready calls name the windows
         if free_window:
             if self._window is not None:
                 runtime.free(self._window)

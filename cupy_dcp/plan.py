@@ -13,6 +13,8 @@ the arrays the call read) do.
   this rank's exact weight (float32), reduce-scatter (sum, float32), rounding.
 """
 
+import functools
+
 import numpy as np
 
 from . import _checks
@@ -28,6 +30,8 @@ from .kernels.combine import combine_kernel, combine_kind, combine_launch
 from .kernels.pack import pack_kernel, pack_launch
 
 __all__ = ["DcpA2APlan", "DcpAgRsPlan"]
+
+_READY_KEPT = 64  # calls a plan keeps ready, by their arrays
 
 
 def _flat_view(buffer, shape, dtype):
@@ -80,6 +84,7 @@ class _Plan:
             self._qsl = cupy.empty(max_tokens + 1, dtype=cupy.int64)
             self._no_mask = dummy_index()
             self._views = {}
+            self._ready = {}
             self._warm_up()  # compiled before any exchange buffer exists: nothing to undo
             self._allocate(cupy)
 
@@ -158,6 +163,27 @@ class _Plan:
                 self._run(B, x_bits, lse, mask, result_arr, lse_arr, ptr)
         return (result, result_lse) if self.return_lse else result
 
+    def _run(self, tokens, x_bits, lse, mask, result, result_lse, ptr):
+        """Enqueue the call on ``ptr``. A decode loop calls with the same few arrays
+        again and again: a call's steps are made ready once, by its arrays'
+        addresses, shapes and strides (their dtypes are the plan's)."""
+        key = tuple((a.ptr, a.shape, a.strides) for a in (x_bits, lse, mask[0], mask[1], result)) \
+            + (mask[2], None if result_lse is None else (result_lse.ptr, result_lse.strides))
+        steps = self._ready.get(key)
+        if steps is None:
+            steps, keep = self._steps(tokens, x_bits, lse, mask, result, result_lse)
+            if keep:
+                if len(self._ready) >= _READY_KEPT:
+                    del self._ready[next(iter(self._ready))]  # the oldest
+                self._ready[key] = steps
+        for step in steps:
+            step(ptr)
+
+    def _steps(self, tokens, x_bits, lse, mask, result, result_lse):
+        """``(steps, keep)``: the call as functions of the stream, and whether they may
+        be kept (they then hold no array of the caller's)."""
+        raise NotImplementedError
+
     def _check_device(self, **arrays):
         """Raise ``ValueError`` for an array in another GPU's memory: the kernels
         would fault on it (or, with peer access, read it from afar)."""
@@ -211,6 +237,7 @@ class _Plan:
         end of a ``with`` block."""
         self._closed = True
         self._views = {}
+        self._ready = {}
 
     def __enter__(self):
         return self
@@ -284,14 +311,13 @@ class DcpA2APlan(_Plan):
                                            _flat_view(self._recv, shape, self.bits), chunk)
         return views
 
-    def _run(self, tokens, x_bits, lse, mask, result, result_lse, ptr):
+    def _steps(self, tokens, x_bits, lse, mask, result, result_lse):
         send, recv, chunk = self._buffers(tokens)
-        kernel, grid, block, args = pack_launch(
-            x_bits, lse.view(np.uint32), *mask, send, recv, self.comm.rank)
-        kernel(grid, block, ptr, args)
-        self.comm.alltoall_device(send.ptr, recv.ptr, chunk, ptr)
-        kernel, grid, block, args = combine_launch(self.dtype, recv, result, result_lse, self.base_e)
-        kernel(grid, block, ptr, args)
+        comm, send_ptr, recv_ptr = self.comm, send.ptr, recv.ptr
+        return _ready_steps(
+            pack_launch(x_bits, lse.view(np.uint32), *mask, send, recv, comm.rank),
+            lambda ptr: comm.alltoall_device(send_ptr, recv_ptr, chunk, ptr),
+            combine_launch(self.dtype, recv, result, result_lse, self.base_e))
 
 
 class DcpAgRsPlan(_Plan):
@@ -330,21 +356,41 @@ class DcpAgRsPlan(_Plan):
                 _flat_view(self._summed, (tokens, hn, D), np.float32))
         return views
 
-    def _run(self, tokens, x_bits, lse, mask, result, result_lse, ptr):
+    def _steps(self, tokens, x_bits, lse, mask, result, result_lse):
         lses, corrected, summed = self._buffers(tokens)
-        count = tokens * self.num_heads
+        comm, count = self.comm, tokens * self.num_heads
         lse_in = _flat_view(self._lse_in, (tokens, self.num_heads), np.float32)
-        kernel, grid, block, args = mask_launch(lse, *mask, lse_in)  # a private, masked copy
-        kernel(grid, block, ptr, args)
-        self.comm.allgather_device(lse_in.ptr, lses.ptr, count, ptr)
-        kernel, grid, block, args = correct_launch(
-            self.dtype, x_bits.view(self._value), lses, self.comm.rank,
-            self.base_e, corrected)
-        kernel(grid, block, ptr, args)
-        self.comm.reduce_scatter_device(corrected.ptr, summed.ptr, summed.size, ptr)
-        kernel, grid, block, args = finish_launch(self.dtype, summed, lses, self.comm.rank,
-                                                  self.base_e, result, result_lse)
-        kernel(grid, block, ptr, args)
+        lse_in_ptr, lses_ptr, corrected_ptr = lse_in.ptr, lses.ptr, corrected.ptr
+        summed_ptr, summed_size = summed.ptr, summed.size
+        return _ready_steps(
+            mask_launch(lse, *mask, lse_in),  # a private, masked copy
+            lambda ptr: comm.allgather_device(lse_in_ptr, lses_ptr, count, ptr),
+            correct_launch(self.dtype, x_bits.view(self._value), lses, comm.rank, self.base_e,
+                           corrected),
+            lambda ptr: comm.reduce_scatter_device(corrected_ptr, summed_ptr, summed_size, ptr),
+            finish_launch(self.dtype, summed, lses, comm.rank, self.base_e, result, result_lse))
+
+
+def _ready_steps(*steps):
+    """``(steps, keep)`` for :meth:`_Plan._steps`: each ``(kernel, grid, block, args)``
+    made a ready launch, each function of the stream kept as it is; ``keep`` unless
+    a kernel goes through Numba's launcher (its arguments hold the arrays)."""
+    ready, keep = [], True
+    for step in steps:
+        if callable(step):
+            ready.append(step)
+            continue
+        kernel, grid, block, args = step
+        launch = kernel.prepare(grid, block, args)
+        if launch is None:
+            keep = False
+            launch = functools.partial(_launch_now, kernel, grid, block, args)
+        ready.append(launch)
+    return ready, keep
+
+
+def _launch_now(kernel, grid, block, args, ptr):
+    kernel(grid, block, ptr, args)
 
 
 def _check_plan_args(world_size, max_tokens, num_heads, head_dim, dtype):
