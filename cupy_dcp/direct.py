@@ -116,7 +116,6 @@ class DcpDirectPlan(_Plan):
         self._window = self._status = None
         self._peers = []
         self._windows = self._flags = ()
-        self._ready = {}
         self._timeout_arg = timeout
         super().__init__(comm, max_tokens, num_heads, head_dim, dtype, return_lse,
                          is_lse_base_on_e)

@@ -123,9 +123,9 @@ def tile_grid(rows, max_blocks):
     A small call (no more tiles of :data:`MIN_TILE_ROWS` rows than blocks) has
     every block push its tiles and combine them (``push_blocks == 0``): the
     latency of one push, fence and flag is all there is. A larger one splits the
-    blocks: a third only push, ahead of the rest, which only combine; its tiles
-    have at least :data:`SPLIT_TILE_ROWS` rows, and a pushing block takes about
-    :data:`TILES_PER_BLOCK` of them.
+    blocks: a share (:data:`PUSH_SHARE`) only push, ahead of the rest, which only
+    combine; its tiles have at least :data:`SPLIT_TILE_ROWS` rows, and a pushing
+    block takes about :data:`TILES_PER_BLOCK` of them.
     """
     if rows <= max_blocks * MIN_TILE_ROWS or max_blocks < 3:
         per_tile = -(-rows // (max_blocks * TILES_PER_BLOCK))
