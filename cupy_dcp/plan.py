@@ -167,8 +167,7 @@ class _Plan:
         """Enqueue the call on ``ptr``. A decode loop calls with the same few arrays
         again and again: a call's steps are made ready once, by its arrays'
         addresses, shapes and strides (their dtypes are the plan's)."""
-        key = tuple((a.ptr, a.shape, a.strides) for a in (x_bits, lse, mask[0], mask[1], result)) \
-            + (mask[2], None if result_lse is None else (result_lse.ptr, result_lse.strides))
+        key = _ready_key(x_bits, lse, mask, result, result_lse)
         steps = self._ready.get(key)
         if steps is None:
             steps, keep = self._steps(tokens, x_bits, lse, mask, result, result_lse)
@@ -369,6 +368,14 @@ class DcpAgRsPlan(_Plan):
                            corrected),
             lambda ptr: comm.reduce_scatter_device(corrected_ptr, summed_ptr, summed_size, ptr),
             finish_launch(self.dtype, summed, lses, comm.rank, self.base_e, result, result_lse))
+
+
+def _ready_key(x_bits, lse, mask, result, result_lse):
+    """What a call's launches depend on, besides the plan: its arrays' addresses,
+    shapes and strides (their dtypes are the plan's) and the mask's length."""
+    key = tuple((a.ptr, a.shape, a.strides) for a in (x_bits, lse, mask[0], mask[1], result))
+    lse_out = None if result_lse is None else (result_lse.ptr, result_lse.shape, result_lse.strides)
+    return key + (mask[2], lse_out)
 
 
 def _ready_steps(*steps):

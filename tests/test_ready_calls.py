@@ -1,0 +1,71 @@
+"""A plan's ready calls (pure host logic, no GPU): the key a call's launches are kept
+by, and how launches and exchanges become steps of a call."""
+
+import numpy as np
+
+from cupy_dcp.kernels._launch import DeviceArray, SpecializedKernel
+from cupy_dcp.layout import c_strides
+from cupy_dcp.plan import _ready_key, _ready_steps
+
+
+def arr(shape, dtype=np.uint16, ptr=1 << 20, strides=None):
+    dtype = np.dtype(dtype)
+    return DeviceArray(ptr, shape, strides or c_strides(shape, dtype.itemsize), dtype, None)
+
+
+def call(**change):
+    args = dict(x=arr((2, 4, 8)), lse=arr((2, 4), np.float32, 2 << 20),
+                seq=arr((1,), np.int64, 3 << 20), qsl=arr((2,), np.int64, 4 << 20), count=1,
+                out=arr((2, 2, 8), ptr=5 << 20), out_lse=arr((2, 2), np.float32, 6 << 20))
+    args.update(change)
+    return _ready_key(args["x"], args["lse"], (args["seq"], args["qsl"], args["count"]),
+                      args["out"], args["out_lse"])
+
+
+def test_the_key_changes_with_anything_a_launch_reads():
+    base = call()
+    assert call() == base  # the same arrays again: the ready launches serve
+    head_major = arr((2, 2, 8), ptr=5 << 20, strides=(16, 32, 2))  # [H/N, B, D] storage
+    changed = [call(x=arr((2, 4, 8), ptr=7 << 20)), call(x=arr((1, 4, 8))),
+               call(x=arr((2, 4, 8), strides=(128, 16, 2))),
+               call(lse=arr((2, 4), np.float32, 8 << 20)), call(seq=arr((1,), np.int64, 9 << 20)),
+               call(qsl=arr((2,), np.int64, 10 << 20)), call(count=-1), call(out=head_major),
+               call(out=arr((2, 2, 8), ptr=11 << 20)), call(out_lse=None),
+               call(out_lse=arr((2, 2), np.float32, 6 << 20, strides=(4, 8)))]
+    assert len({base, *changed}) == len(changed) + 1
+
+
+class _Kernel:
+    def __init__(self, ready):
+        self.ready, self.calls = ready, []
+
+    def prepare(self, grid, block, args):
+        if not self.ready:
+            return None
+        return lambda ptr: self.calls.append(("ready", ptr, args))
+
+    def __call__(self, grid, block, ptr, args):
+        self.calls.append(("now", ptr, args))
+
+
+def test_steps_run_in_order_and_are_kept_only_without_the_callers_arrays():
+    order = []
+    first, last = _Kernel(True), _Kernel(True)
+    steps, keep = _ready_steps((first, (1,), (32,), ("a",)), lambda ptr: order.append(ptr),
+                               (last, (1,), (32,), ("b",)))
+    assert keep
+    for step in steps:
+        step(7)
+    assert first.calls == [("ready", 7, ("a",))] and order == [7]
+    assert last.calls == [("ready", 7, ("b",))]
+    numba_launched = _Kernel(False)  # Numba's launcher: its arguments hold the arrays
+    steps, keep = _ready_steps((first, (1,), (32,), ("a",)), (numba_launched, (1,), (32,), ("c",)))
+    assert not keep
+    for step in steps:
+        step(9)
+    assert numba_launched.calls == [("now", 9, ("c",))]
+
+
+def test_numba_launcher_prepares_nothing():
+    kernel = SpecializedKernel(None, (), kind="numba")
+    assert kernel.prepare((1,), (32,), ()) is None
