@@ -90,9 +90,7 @@ class Communicator:
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"comm must be an mpi4py communicator (got {type(comm).__name__})")
         self = cls(comm.Dup(), backend, device, owned=True, timeout=timeout)
-        node = self.mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)  # collective: every rank
-        self._local_rank = node.Get_rank()
-        node.Free()
+        self._local_rank = node_rank_and_size(self.mpi_comm)[0]  # collective: every rank
         if backend == "auto" and _cupy_problem() is None:
             # this rank's GPU is current from now on: arrays the caller makes next
             # land on the device its plans will run on
@@ -176,9 +174,7 @@ class Communicator:
         if self.device is None:
             local_rank = self._local_rank
             if local_rank is None:
-                node = self.mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
-                local_rank = node.Get_rank()
-                node.Free()
+                local_rank = node_rank_and_size(self.mpi_comm)[0]
             self.device = local_rank % count
         cupy.cuda.Device(self.device).use()
         return self.device
@@ -366,6 +362,16 @@ class Communicator:
 
     def __repr__(self):
         return f"Communicator(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r})"
+
+
+def node_rank_and_size(mpi_comm):
+    """Collective: this rank's index among the ranks of ``mpi_comm`` on its node, and
+    how many they are."""
+    node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank(), node.Get_size()
+    finally:
+        node.Free()
 
 
 def drain(stream, timeout, poll=None):

@@ -23,7 +23,6 @@ them), and it must be closed.
 import ctypes
 
 import numpy as np
-from mpi4py import MPI
 
 from .layout import BFLOAT16, c_strides, lse_pack_dim
 from .kernels._launch import DeviceArray
@@ -55,13 +54,10 @@ def direct_problem(comm):
 def _survey(comm):
     """Collective: ``(problem, addresses)``: :func:`direct_problem`'s answer and every
     rank's GPU as a PCI address (``None`` where a problem was found before them)."""
-    from .comm import _cupy_problem
+    from .comm import _cupy_problem, node_rank_and_size
 
     mpi = comm.mpi_comm
-    node = mpi.Split_type(MPI.COMM_TYPE_SHARED)
-    on_one_node = node.Get_size() == mpi.Get_size()
-    node.Free()
-    if not on_one_node:
+    if node_rank_and_size(mpi)[1] != mpi.Get_size():
         return "the ranks are not all on one node", None
     problem = _cupy_problem()
     if mpi.allgather(problem is None) != [True] * comm.world_size:
