@@ -28,7 +28,7 @@ from .layout import BFLOAT16, c_strides, lse_pack_dim
 from .kernels._launch import DeviceArray
 from .kernels._rows import WARP, lanes_per_row
 from .kernels.direct import (PEER_FAILED, STATE_WORDS, TIMED_OUT, WARPS, direct_kernel,
-                             direct_launch, flag_words, row_stride)
+                             direct_launch, flag_words, ll_rows, ll_words, row_stride)
 from .plan import DcpA2APlan, _Plan, _ready_steps
 from .kernels._arrays import kernel_array
 
@@ -111,7 +111,7 @@ class DcpDirectPlan(_Plan):
                  is_lse_base_on_e=True, timeout=None):
         self._window = self._status = None
         self._peers = []
-        self._windows = self._flags = ()
+        self._windows = self._flags = self._lls = ()
         self._timeout_arg = timeout
         super().__init__(comm, max_tokens, num_heads, head_dim, dtype, return_lse,
                          is_lse_base_on_e)
@@ -147,7 +147,10 @@ class DcpDirectPlan(_Plan):
         # the flags, padded so that the slots start 512-byte aligned
         words = flag_words(n, self.max_tokens, self.local_heads)
         flags_bytes = -(-8 * words // 512) * 512
-        nbytes = flags_bytes + 2 * slot_elements * self.bits.itemsize
+        slots_bytes = 2 * slot_elements * self.bits.itemsize
+        ll_shape = (2, n, ll_rows(self.max_tokens, self.local_heads),
+                    ll_words(width, self.bits.itemsize))
+        nbytes = flags_bytes + slots_bytes + 8 * int(np.prod(ll_shape))
         error = None
         try:
             self._window = runtime.malloc(nbytes)  # its own allocation: IPC maps whole ones
@@ -188,6 +191,9 @@ class DcpDirectPlan(_Plan):
         strides = c_strides(shape[:-1] + (stride,), self.bits.itemsize)
         self._windows = tuple(DeviceArray(b + flags_bytes, shape, strides, self.bits, self)
                               for b in bases)
+        self._lls = tuple(DeviceArray(b + flags_bytes + slots_bytes, ll_shape,
+                                      c_strides(ll_shape, 8), np.dtype(np.uint64), self)
+                          for b in bases)
         try:
             comm.barrier("setting up the direct path")  # every window is zeroed and mapped
         except RuntimeError:
@@ -217,7 +223,7 @@ class DcpDirectPlan(_Plan):
 
     def _steps(self, tokens, x_bits, lse, mask, result, result_lse):
         return _ready_steps(direct_launch(
-            self.dtype, x_bits, lse, *mask, self._windows, self._flags, self._state_arr,
+            self.dtype, x_bits, lse, *mask, self._windows, self._flags, self._lls, self._state_arr,
             self._status_arr, result.view(self.bits), result_lse, self.base_e, self.comm.rank,
             int(self.timeout * 1e9), self._max_blocks))
 
@@ -292,7 +298,7 @@ class DcpDirectPlan(_Plan):
         runtime = cupy.cuda.runtime
         while self._peers:
             runtime.ipcCloseMemHandle(self._peers.pop())
-        self._windows = self._flags = ()
+        self._windows = self._flags = self._lls = ()
         self._ready = {}  # the ready calls name the windows
         if free_window:
             if self._window is not None:

@@ -7,6 +7,10 @@
   made by any GPU of the system, but orders nothing (no wait for it).
 - ``store_release(flags, i, value)``: ``st.release.sys`` of one int64: no
   earlier load or store of this thread may be seen after it, from any GPU.
+- ``load_pair(words, i)``: ``ld.relaxed.sys.v2.b64`` of the 16 bytes at
+  ``words[i]`` and ``words[i + 1]`` (uint64, ``i`` even, 16-byte aligned): two
+  words in one access, each single-copy atomic, so a word never mixes two stores.
+- ``store_pair(words, i, a, b)``: ``st.relaxed.sys.v2.b64`` of two such words.
 - ``now_ns()``: the GPU's global nanosecond timer, for bounded waits.
 - ``pause()``: ``nanosleep`` for a short while between two polls.
 
@@ -45,6 +49,15 @@ def _simulated():
     load_relaxed = load_acquire
 
     @jit
+    def load_pair(words, i):
+        return words[i], words[i + 1]
+
+    @jit
+    def store_pair(words, i, a, b):
+        words[i] = a
+        words[i + 1] = b
+
+    @jit
     def now_ns():
         return time.monotonic_ns()
 
@@ -53,7 +66,8 @@ def _simulated():
         time.sleep(0)
 
     return dict(load_acquire=load_acquire, load_relaxed=load_relaxed,
-                store_release=store_release, now_ns=now_ns, pause=pause)
+                store_release=store_release, load_pair=load_pair, store_pair=store_pair,
+                now_ns=now_ns, pause=pause)
 
 
 def _compiled():
@@ -72,7 +86,7 @@ def _compiled():
     def check(array):
         if not (isinstance(array, types.Array) and array.ndim == 1
                 and array.dtype in (types.int64, types.uint64)):
-            raise TypeError(f"flags must be a 1-d int64 array (got {array})")
+            raise TypeError(f"flags must be a 1-d int64 or uint64 array (got {array})")
 
     def system_load(instruction):
         def load(typingctx, flags, index):
@@ -109,6 +123,40 @@ def _compiled():
 
         return types.void(flags, index, value), codegen
 
+    pair = types.UniTuple(types.uint64, 2)
+
+    @intrinsic
+    def load_pair(typingctx, words, index):
+        check(words)
+
+        def codegen(context, builder, sig, args):
+            ptr = element_pointer(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            both = ir.LiteralStructType([i64, i64])
+            asm = ir.InlineAsm(ir.FunctionType(both, [ptr.type]),
+                               "ld.relaxed.sys.global.v2.b64 {$0, $1}, [$2];", "=l,=l,l,~{memory}",
+                               side_effect=True)
+            got = builder.call(asm, [ptr])
+            return context.make_tuple(builder, pair, [builder.extract_value(got, 0),
+                                                      builder.extract_value(got, 1)])
+
+        return pair(words, index), codegen
+
+    @intrinsic
+    def store_pair(typingctx, words, index, a, b):
+        check(words)
+
+        def codegen(context, builder, sig, args):
+            ptr = element_pointer(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            first = context.cast(builder, args[2], sig.args[2], types.uint64)
+            second = context.cast(builder, args[3], sig.args[3], types.uint64)
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ptr.type, i64, i64]),
+                               "st.relaxed.sys.global.v2.b64 [$0], {$1, $2};", "l,l,l,~{memory}",
+                               side_effect=True)
+            builder.call(asm, [ptr, first, second])
+            return context.get_dummy_value()
+
+        return types.void(words, index, a, b), codegen
+
     @intrinsic
     def now_ns(typingctx):
         def codegen(context, builder, sig, args):
@@ -123,4 +171,5 @@ def _compiled():
         cuda.nanosleep(64)
 
     return dict(load_acquire=load_acquire, load_relaxed=load_relaxed,
-                store_release=store_release, now_ns=now_ns, pause=pause)
+                store_release=store_release, load_pair=load_pair, store_pair=store_pair,
+                now_ns=now_ns, pause=pause)

@@ -13,7 +13,8 @@ Ranks may share one GPU (IPC works within a device) or each have their own.
   reading a slot of the previous call, or of the one before, gives another
   set's result); every result is compared on the GPU, bit for bit, with the
   result of its input set checked against the oracle; no host
-  synchronisation inside the loops. Prints the counts.
+  synchronisation inside the loops. Twice: a call small enough to go word by
+  word, and one that goes in tiles behind flags. Prints the counts.
 - ``timeout``: rank 1 skips a call; rank 0's plan raises within the bound,
   naming rank 1; rank 1's next check raises naming rank 0.
 - ``leak COUNT``: COUNT plans opened and closed; device memory and the
@@ -93,15 +94,29 @@ def _count_diff():
 
 
 def race(world, comm, count):
+    from cupy_dcp.kernels.direct import LL_MAX_ROWS
+
+    for tokens in (B, -(-LL_MAX_ROWS // HN) + B):  # word by word, then in tiles
+        _race(world, comm, count, tokens)
+
+
+def _inputs(rank, seed, dtype, D, H, tokens):
+    """``tokens`` tokens of rank inputs, from as many of ``rank_inputs``' sets as it takes."""
+    sets = [rank_inputs(rank, seed * 1000 + k, dtype, D, H) for k in range(-(-tokens // B))]
+    return (np.concatenate([s[0] for s in sets])[:tokens],
+            np.concatenate([s[1] for s in sets])[:tokens])
+
+
+def _race(world, comm, count, tokens):
     import cupy
     rank, n = world.Get_rank(), world.Get_size()
     dtype, D, H = DTYPES[1], 128, HN * n  # bfloat16
-    plan = cupy_dcp.DcpDirectPlan(comm, B, H, D, dtype, return_lse=True)
+    plan = cupy_dcp.DcpDirectPlan(comm, tokens, H, D, dtype, return_lse=True)
     stream = cupy.cuda.Stream(non_blocking=True)
     sets, wants = [], []
     with stream:
         for k in range(3):
-            x, lse = rank_inputs(rank, 500 + k, dtype, D, H)
+            x, lse = _inputs(rank, 500 + k, dtype, D, H, tokens)
             got, got_lse = plan(cupy.asarray(x), cupy.asarray(lse), stream=stream)
             plan.synchronize(stream)
             ref, ref_lse, scale = expected(world, x, lse, True, False)
@@ -143,7 +158,7 @@ def race(world, comm, count):
     plan.close()
     assert eager_diffs == 0, f"rank {rank}: {eager_diffs} elements differ over {count} eager calls"
     assert graph_diffs == 0, f"rank {rank}: {graph_diffs} elements differ over {count} replays"
-    print(f"rank {rank}/{n} direct race OK: {count} eager calls ({eager_s:.1f} s) and {count} "
+    print(f"rank {rank}/{n} direct race OK (B={tokens}): {count} eager calls ({eager_s:.1f} s) and {count} "
           f"graph replays ({graph_s:.1f} s), every result bit-identical to its checked set",
           flush=True)
 

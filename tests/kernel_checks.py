@@ -140,9 +140,10 @@ class DirectRanks:
     runs the whole call on a stream, for ranks whose kernels run concurrently."""
 
     def __init__(self, to_device, dtype, n, max_tokens, h, d, timeout_ns=10**9, max_blocks=3,
-                 warps=2):
+                 warps=2, ll_rows=None):
         from cupy_dcp.kernels._arrays import kernel_array
-        from cupy_dcp.kernels.direct import STATE_WORDS, flag_words, row_stride
+        from cupy_dcp.kernels.direct import STATE_WORDS, flag_words, ll_words, row_stride
+        from cupy_dcp.kernels.direct import ll_rows as plan_ll_rows
         from cupy_dcp.layout import bits_dtype
 
         self.to_device, self.dtype, self.n, self.h, self.d = to_device, dtype, n, h, d
@@ -156,6 +157,11 @@ class DirectRanks:
         self.flag_owners = [to_device(np.zeros(words, np.int64)) for _ in range(n)]
         self.state_owners = [to_device(np.zeros(STATE_WORDS, np.int64)) for _ in range(n)]
         self.status_owners = [to_device(np.zeros(n, np.int64)) for _ in range(n)]
+        if ll_rows is None:  # as the plan sizes it
+            ll_rows = plan_ll_rows(max_tokens, h // n)
+        ll_shape = (2, n, ll_rows, ll_words(width, self.bits.itemsize))
+        self.ll_owners = [to_device(np.zeros(ll_shape, np.uint64)) for _ in range(n)]
+        self.lls = tuple(kernel_array(w, np.uint64) for w in self.ll_owners)
         self.windows = tuple(kernel_array(w, self.bits) for w in rows)
         self.flags = tuple(kernel_array(f, np.int64) for f in self.flag_owners)
         self.states = [kernel_array(s, np.int64) for s in self.state_owners]
@@ -179,7 +185,8 @@ class DirectRanks:
         phases = PUSH | COMBINE if phases is None else phases
         kernel, grid, block, args = direct_launch(
             self.dtype, kernel_array(x, self.bits), kernel_array(lse, np.float32),
-            *self._mask(mask), self.windows, self.flags, self.states[r], self.statuses[r],
+            *self._mask(mask), self.windows, self.flags, self.lls, self.states[r],
+            self.statuses[r],
             None if out is None else kernel_array(out, self.bits),
             None if out_lse is None else kernel_array(out_lse, np.float32), base_e, r,
             self.timeout_ns, self.max_blocks, phases, self.warps)
@@ -207,14 +214,19 @@ def _mask_lses(ls, seq_lens, qsl):
 
 def check_direct(to_device, to_host, dtype, n, tokens, h, d, rng, base_e=True, head_major=False,
                  strided_input=False, masks=False, streams=None, sync=None, max_blocks=3,
-                 warps=2):
+                 warps=2, ll_rows=None, epoch=0):
     """Calls of the direct kernel (one per entry of ``tokens``: B may change between
     calls, the slots alternate) against the oracle, on every rank: a phase at a
     time, or with ``streams`` (one per rank) whole calls running concurrently
-    (``sync()`` waits for all the device's work)."""
+    (``sync()`` waits for all the device's work). Calls of no more than ``ll_rows``
+    rows per rank pair go word by word (``None``: as many as the plan's). ``epoch``:
+    the calls the ranks' plans are taken to have made before."""
     hn = h // n
     ranks = DirectRanks(to_device, dtype, n, max(tokens), h, d, max_blocks=max_blocks,
-                        warps=warps)
+                        warps=warps, ll_rows=ll_rows)
+    if epoch:
+        for r in range(n):
+            ranks.state_owners[r][...] = to_device(np.array([epoch, 0, 0, 0], dtype=np.int64))
     for b in tokens:
         xs, ls = make_inputs(rng, n, b, h, d, dtype)
         mask = [None] * n
@@ -262,24 +274,29 @@ def check_direct(to_device, to_host, dtype, n, tokens, h, d, rng, base_e=True, h
             np.testing.assert_allclose(g[finite], ref[finite], rtol=1e-6, atol=1e-5)
     for r in range(n):
         state = to_host(ranks.state_owners[r])
-        assert state[0] == len(tokens) and state[1] == 0 and state[2] == 0, state
+        assert state[0] == epoch + len(tokens) and state[1] == 0 and state[2] == 0, state
         assert not to_host(ranks.status_owners[r]).any()
+        # every word sent word by word was consumed (zeroed) by its reader
+        assert not to_host(ranks.ll_owners[r]).any(), f"rank {r}: words left unconsumed"
 
 
 def check_direct_missing_peer(to_device, to_host, dtype, rng, timeout_ns=50_000_000, b=40,
-                              slack_s=1.0):
+                              slack_s=1.0, ll_rows=0):
     """Rank 1 skips call 2: rank 0's combine gives up (TIMED_OUT, NaN out, tells rank 1)
     within the bound, though its grid has several blocks (once one gave up, the
-    others stop; ``b`` picks the schedule, see ``tile_grid``); rank 1's call 2
-    then fails at once (PEER_FAILED); rank 0's call 3 neither pushes nor waits."""
+    others stop; ``b`` and ``ll_rows`` pick the schedule, see ``tile_grid``); rank
+    1's call 2 then fails at once (PEER_FAILED); rank 0's call 3 neither pushes nor
+    waits."""
 
     import time
 
-    from cupy_dcp.kernels.direct import PEER_FAILED, TIMED_OUT, tile_grid
+    from cupy_dcp.kernels.direct import PEER_FAILED, TIMED_OUT, ll_grid, tile_grid
 
     n, h, d = 2, 4, 8
-    assert tile_grid(b * h // n, 3)[1] > 1, "the test needs several blocks"
-    ranks = DirectRanks(to_device, dtype, n, b, h, d, timeout_ns=timeout_ns)
+    rows = b * h // n
+    grid = ll_grid(rows, 3) if rows <= ll_rows else tile_grid(rows, 3)
+    assert grid[1] > 1, "the test needs several blocks"
+    ranks = DirectRanks(to_device, dtype, n, b, h, d, timeout_ns=timeout_ns, ll_rows=ll_rows)
     xs, ls = make_inputs(rng, n, b, h, d, dtype, adversarial=False)
     xd, ld = [to_device(xs[r]) for r in range(n)], [to_device(ls[r]) for r in range(n)]
     outs = [to_device(np.zeros((b, h // n, d), dtype=dtype)) for _ in range(n)]
@@ -303,11 +320,12 @@ def check_direct_missing_peer(to_device, to_host, dtype, rng, timeout_ns=50_000_
     ranks.combine(1, xd[1], ld[1], outs[1], lses[1])
     assert np.isnan(to_host(outs[1]).astype(np.float32)).all()
     assert to_host(ranks.status_owners[1]).tolist() == [PEER_FAILED, 0]
-    before = to_host(ranks.owners[1]).copy()
+    before = to_host(ranks.owners[1]).copy(), to_host(ranks.ll_owners[1]).copy()
     start = time.monotonic()
     ranks.push(0, xd[0], ld[0])  # rank 0's call 3: dead, pushes nothing, waits for nothing
     ranks.combine(0, xd[0], ld[0], outs[0], lses[0])
     assert np.isnan(to_host(outs[0]).astype(np.float32)).all()
     dead_call = time.monotonic() - start
     assert dead_call < waited - 0.5 * timeout_ns * 1e-9, (dead_call, waited)
-    np.testing.assert_array_equal(to_host(ranks.owners[1]), before)
+    np.testing.assert_array_equal(to_host(ranks.owners[1]), before[0])
+    np.testing.assert_array_equal(to_host(ranks.ll_owners[1]), before[1])

@@ -9,8 +9,8 @@ import itertools
 
 import pytest
 
-from cupy_dcp.kernels.direct import (MIN_TILE_ROWS, SPLIT_TILE_ROWS, TILES_PER_BLOCK, flag_words,
-                                     row_stride, tile_grid)
+from cupy_dcp.kernels.direct import (LL_MAX_ROWS, MIN_TILE_ROWS, SPLIT_TILE_ROWS, TILES_PER_BLOCK,
+                                     flag_words, ll_grid, ll_rows, ll_words, row_stride, tile_grid)
 
 
 @pytest.mark.parametrize("n, max_tokens, local_heads", [(2, 1, 1), (2, 7, 3), (4, 33, 16),
@@ -49,3 +49,18 @@ def test_window_rows_start_on_sectors(itemsize, width):
     assert nbytes == sector or (nbytes % 128 == 0 and 8 * nbytes <= 9 * sector)
     if sector % 128 == 0:
         assert nbytes == sector  # already on a line: no padding beyond the sector
+    # a word-by-word row (4 payload bytes per word, in pairs) unpacks into the window's row
+    words = ll_words(width, itemsize)
+    assert words % 2 == 0 and width * itemsize <= 4 * words <= nbytes
+
+
+@pytest.mark.parametrize("max_tokens, local_heads", [(1, 1), (3, 5), (64, 64), (2048, 64)])
+@pytest.mark.parametrize("max_blocks", [1, 3, 66, 264])
+def test_word_by_word_calls(max_tokens, local_heads, max_blocks):
+    capacity = ll_rows(max_tokens, local_heads)
+    assert capacity == min(max_tokens * local_heads, LL_MAX_ROWS)
+    for rows in range(1, capacity + 1):
+        tile_rows, blocks = ll_grid(rows, max_blocks)
+        assert 1 <= blocks <= max_blocks  # every block resident, so none waits for ever
+        assert (blocks - 1) * tile_rows < rows <= blocks * tile_rows  # each block has rows
+        assert tile_rows == -(-rows // max_blocks)  # spread over as many blocks as allowed

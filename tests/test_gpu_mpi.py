@@ -76,7 +76,9 @@ def test_direct_plan_exact_on_four_ranks():
 @requires_gpu
 def test_direct_plan_race_eager_and_graph():
     out = run_job(2, str(HERE / "direct_worker.py"), "race", str(RACE_CALLS))
-    assert out.count(f"direct race OK: {RACE_CALLS} eager calls") == 2, out[-3000:]
+    # two ranks, each a word-by-word call size and a tiled one
+    assert out.count("direct race OK (B=") == 4, out[-3000:]
+    assert out.count(f"): {RACE_CALLS} eager calls") == 4, out[-3000:]
     print(out)
 
 

@@ -196,7 +196,7 @@ def test_direct_kernels_match_reference(dtype, d, n):
     rng = np.random.default_rng(d + n)
     check_direct(to_device, to_host, dtype, n, [64, 7, 33], 8 * n, d, rng, base_e=d != 72)
     check_direct(to_device, to_host, dtype, n, [5, 6], 2 * n, d, rng, head_major=True,
-                 strided_input=True, masks=True)
+                 strided_input=True, masks=True, ll_rows=10)  # B = 5 word by word
     streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(n)]
     sync = cupy.cuda.runtime.deviceSynchronize
     blocks = cupy.cuda.Device().attributes["MultiProcessorCount"] // n  # all resident
@@ -205,11 +205,16 @@ def test_direct_kernels_match_reference(dtype, d, n):
                      base_e=d != 72, streams=streams, sync=sync, max_blocks=blocks, warps=warps)
         check_direct(to_device, to_host, dtype, n, [3, 40], 2 * n, d, rng, head_major=True,
                      strided_input=True, masks=True, streams=streams, sync=sync, max_blocks=3,
-                     warps=warps)
+                     warps=warps, ll_rows=6)
+    # word by word across the epoch whose 32-bit tag would be that of a zeroed word
+    check_direct(to_device, to_host, dtype, n, [2, 1, 2, 1, 2, 1], 2 * n, d, rng,
+                 streams=streams, sync=sync, max_blocks=blocks, ll_rows=4, epoch=2**32 - 3)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("b", [8, 40], ids=["blocks_push_and_combine", "split_blocks"])
-def test_direct_kernels_missing_peer(dtype, b):
+@pytest.mark.parametrize("b, ll_rows", [(8, 0), (40, 0), (8, 16)],
+                         ids=["blocks_push_and_combine", "split_blocks", "word_by_word"])
+def test_direct_kernels_missing_peer(dtype, b, ll_rows):
     to_device, to_host = cupy_io()
-    check_direct_missing_peer(to_device, to_host, dtype, np.random.default_rng(3), b=b)
+    check_direct_missing_peer(to_device, to_host, dtype, np.random.default_rng(3), b=b,
+                              ll_rows=ll_rows)

@@ -104,8 +104,17 @@ def test_mask_kernel_copies_the_lse_with_empty_tokens_at_minus_inf():
                          ids=["N2D3", "N3D8", "N2D1", "N4D6"])
 @pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
 def test_direct_push_and_combine(dtype, n, h, d, base_e):
-    check_direct(ident, host, dtype, n, [3, 1, 4], h, d, np.random.default_rng(n * d),
-                 base_e=base_e)
+    # B <= 2 word by word, B = 3, 4 in tiles behind flags: the slots alternate between both
+    check_direct(ident, host, dtype, n, [3, 1, 4, 2], h, d, np.random.default_rng(n * d),
+                 base_e=base_e, ll_rows=2 * (h // n))
+
+
+def test_direct_word_by_word_across_the_tag_wrap():
+    """Word-by-word calls around the epoch where a 32-bit tag of the epoch would be 0,
+    the tag of a word never written (or consumed): exact, every word consumed. (A
+    reader taking a zeroed word for its own needs ranks running at once: on the GPU.)"""
+    check_direct(ident, host, np.dtype(np.float32), 2, [2, 1, 2, 1, 2], 4, 3,
+                 np.random.default_rng(11), ll_rows=4, epoch=2**32 - 3)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -115,18 +124,19 @@ def test_direct_split_schedule(dtype):
     from cupy_dcp.kernels.direct import tile_grid
 
     assert tile_grid(30 * 2, 3)[2] == 1 and tile_grid(3 * 2, 3)[2] == 0
-    check_direct(ident, host, dtype, 2, [30, 3, 41], 4, 5, np.random.default_rng(7))
+    check_direct(ident, host, dtype, 2, [30, 3, 41], 4, 5, np.random.default_rng(7), ll_rows=6)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_direct_strided_masked(dtype):
     check_direct(ident, host, dtype, 3, [4, 5], 6, 4, np.random.default_rng(5),
-                 head_major=True, strided_input=True, masks=True)
+                 head_major=True, strided_input=True, masks=True, ll_rows=8)  # B = 4 word by word
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("b", [8, 40], ids=["blocks_push_and_combine", "split_blocks"])
-def test_direct_missing_peer(dtype, b):
+@pytest.mark.parametrize("b, ll_rows", [(8, 0), (40, 0), (8, 16)],
+                         ids=["blocks_push_and_combine", "split_blocks", "word_by_word"])
+def test_direct_missing_peer(dtype, b, ll_rows):
     # several blocks wait; the simulator is slow, hence the slack
     check_direct_missing_peer(ident, host, dtype, np.random.default_rng(9), timeout_ns=2 * 10**9,
-                              b=b, slack_s=20.0)
+                              b=b, slack_s=20.0, ll_rows=ll_rows)
