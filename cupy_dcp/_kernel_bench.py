@@ -20,7 +20,7 @@ from .kernels._arrays import dummy_index, kernel_array
 from .kernels.combine import combine_kind, combine_launch
 from .kernels._rows import WARP
 from .kernels.direct import (COMBINE, PUSH, STATE_WORDS, WARPS, direct_launch, flag_words,
-                             row_stride)
+                             ll_rows, ll_words, row_stride)
 from .kernels.pack import pack_launch
 
 SHAPES = [(128, 512), (64, 128)]
@@ -144,7 +144,7 @@ def run_kernels(args):
             direct_us, (push_us, comb_us), pack_combine_us, host_us = _direct_round(
                 cupy, stream, args, dtype, B)
             print(f"{B:>6} {args.heads:>4} {args.head_dim:>4} direct call {direct_us:8.2f} us "
-                  f"(push alone {push_us:.2f}, combine alone {comb_us:.2f}; pack + combine "
+                  f"(in tiles: push alone {push_us:.2f}, combine alone {comb_us:.2f}; pack + combine "
                   f"{pack_combine_us:.2f} us; host {host_us:.1f} us per launch)", flush=True)
 
 
@@ -166,11 +166,18 @@ def _direct_round(cupy, stream, args, dtype, B, n=2):
     outs = [cupy.zeros((B, H // n, D), dtype=dtype) for _ in range(n)]
     window_arrs = tuple(kernel_array(w, bits) for w in windows)
     flag_arrs = tuple(kernel_array(f, np.int64) for f in flags)
+    ll_shape = (2, n, ll_rows(B, H // n), ll_words(width, bits.itemsize))
+    ll_arrs = tuple(kernel_array(cupy.zeros(ll_shape, dtype=cupy.uint64), np.uint64)
+                    for _ in range(n))
+    # no word-by-word region: the phases alone go in tiles behind flags (a word-by-word
+    # combine consumes the words it waited for, so it cannot be repeated alone)
+    tiled = tuple(kernel_array(cupy.zeros(ll_shape[:2] + (0,) + ll_shape[3:],
+                                          dtype=cupy.uint64), np.uint64) for _ in range(n))
     streams = [stream] + [cupy.cuda.Stream(non_blocking=True) for _ in range(n - 1)]
 
-    def launch(r, phases=PUSH | COMBINE):
+    def launch(r, phases=PUSH | COMBINE, lls=ll_arrs):
         return direct_launch(dtype, kernel_array(x, bits), kernel_array(lse, np.float32),
-                             dummy_index(), dummy_index(), -1, window_arrs, flag_arrs,
+                             dummy_index(), dummy_index(), -1, window_arrs, flag_arrs, lls,
                              kernel_array(states[r], np.int64),
                              kernel_array(statuses[r], np.int64), kernel_array(outs[r], bits),
                              None, True, r, 10**9, resident // n, phases)
@@ -192,7 +199,7 @@ def _direct_round(cupy, stream, args, dtype, B, n=2):
     direct_us = _graph_us(cupy, stream, round_, args.calls, args.reps) / n
     parts = []
     for phases in (PUSH, COMBINE):  # the flags stay set: combines alone do not wait
-        part = [launch(r, phases) for r in range(n)]
+        part = [launch(r, phases, tiled) for r in range(n)]
 
         def run_part(part=part):
             for kernel, grid, block, kargs in part:
@@ -210,7 +217,7 @@ def _direct_round(cupy, stream, args, dtype, B, n=2):
             kernel(grid, block, stream.ptr, kargs)
 
     pack_combine_us = _graph_us(cupy, stream, pack_combine, args.calls, args.reps)
-    kernel, grid, block, kargs = launch(0, PUSH)  # the same launch, but it never waits
+    kernel, grid, block, kargs = launch(0, PUSH, tiled)  # the same launch, but it never waits
     host_us = _host_launch_us(lambda: kernel(grid, block, stream.ptr, kargs), stream,
                               launches=500)
     if int(statuses[0].any()) or int(statuses[1].any()):

@@ -11,8 +11,9 @@ the pushes then cross NVLink as whole sectors; then the *word-by-word region*
 ``ll[2][N][R][W]`` of uint64 words (``R = ll_rows``, ``W = ll_words``, see
 below). A call of B tokens uses the
 first B of each rank's chunk, so the slots never move with B. It also owns a private
-``state[4]`` int64 in device memory: ``state[0]`` the epoch (calls completed
-so far), ``state[1]`` the blocks' arrival counter, ``state[2]`` non-zero once
+``state[4]`` int64 in device memory: ``state[0]`` the epoch (calls made so
+far: a call advances it once every block has read it), ``state[1]`` the
+blocks' arrival counter, ``state[2]`` non-zero once
 a wait failed (the plan is then dead: pushes stop, combines write NaN).
 
 A call of B tokens has ``B * H/N`` rows per rank pair, cut into tiles of
@@ -46,8 +47,10 @@ reader sees a word whole, old or new). The reader polls each pair of its
 tile until both carry ``e``'s tag, unpacks the payloads into ``slot[e % 2]``
 of its own window, zeroes the pair, and after a barrier combines as above. Every block
 pushes all its tiles before it waits for any, one row or a few per block.
-Twice the bytes cross, for one link latency less (on two H200s a 1-token
-call went from 8.5 to 7.7 us; from 8 tokens on, the flags win).
+Twice the bytes cross, for one link latency less (on two H200s, in one
+sweep, a 1-token call went from 8.5 to 7.7 us; from 8 tokens on, the flags
+win). The region's size in rows is the threshold, measured for bf16 at
+D = 512 only.
 
 The last block to have read the epoch advances ``state[0]`` to ``e``, as
 soon as it has read it (the next call reads it only once this one is
@@ -68,7 +71,15 @@ word-by-word call are in ``slot[e % 2]`` too). A flag can already hold
 the other slot than call ``e + 1``'s) came before. A word's tag is never
 stale, however long the plan lives: every word a call sends is read, and
 zeroed, by that call's reader (before its call completes, so before the word
-can be sent again), and no call's tag is zero.
+can be sent again), and no call's tag is zero. (A call that fails leaves
+words behind, but the plan is dead after it.)
+
+For word-by-word calls this argument leans on the hardware rather than on
+a release/acquire pair, as NCCL's LL protocol does: the words are stored and
+polled relaxed, so "j's reads and zeroing stores of call ``e`` come before
+r's stores of call ``e + 2``" holds because a kernel completes only once its
+loads have returned and its stores are performed, and j's stream starts
+call ``e + 1``, whose words r waited for, only after that.
 
 Within a call the reader sees the tile's data because every store of it
 precedes, in causality order, the release store of its flag: the barrier
@@ -618,8 +629,8 @@ def direct_launch(dtype, data, lse, seq_lens, query_start_loc, num_seqs, windows
 
     ``data``: this rank's ``[B, H, D]`` partials seen as bits (uint16 or
     uint32), ``lse`` its float32 ``[B, H]``; ``windows``: every rank's
-    ``[2, N, max_tokens, H/N, D + P]`` bits view (rows may be padded, by at least
-    ``ll_words`` 32-bit words); ``flags``: every rank's int64 flags
+    ``[2, N, max_tokens, H/N, D + P]`` bits view (rows may be padded; each row's
+    stride must hold ``ll_words`` 32-bit words); ``flags``: every rank's int64 flags
     (:func:`flag_words`); ``lls``: every rank's word-by-word region, uint64
     ``[2, N, R, ll_words]`` (``R`` rows, may be 0); ``out`` ``[B, H/N, D]`` seen as bits (``None``
     for ``phases == PUSH``); ``max_blocks``: the most blocks that are sure to be
@@ -659,6 +670,10 @@ def direct_launch(dtype, data, lse, seq_lens, query_start_loc, num_seqs, windows
     row_bytes = mine.strides[3]
     if mine.ptr % 4 or row_bytes % 4 or lls[me].shape[3] * 4 > row_bytes:
         raise ValueError("the window's rows cannot hold the word-by-word region's payloads")
+    for ll in lls:  # stored and loaded 16 bytes at a time: a misaligned pair faults
+        if ll.shape[2] and (ll.ptr % 16 or not ll.is_c_contiguous() or ll.shape[3] % 2):
+            raise ValueError("a word-by-word region must be C-contiguous, 16-byte aligned, "
+                             "with an even number of words per row")
     recv_words = DeviceArray(mine.ptr, mine.shape[:4] + (row_bytes // 4,),
                              mine.strides[:4] + (4,), np.uint32, mine.owner)
     kernel = direct_kernel(dtype, n, push_data.dtype, kind == _BF16X2,

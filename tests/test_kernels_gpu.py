@@ -200,9 +200,10 @@ def test_direct_kernels_match_reference(dtype, d, n):
     streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(n)]
     sync = cupy.cuda.runtime.deviceSynchronize
     blocks = cupy.cuda.Device().attributes["MultiProcessorCount"] // n  # all resident
-    for warps in (8, 2):
+    for warps, ll_rows in ((8, None), (2, 0)):  # B = 1, 2 word by word, then in tiles
         check_direct(to_device, to_host, dtype, n, [1, 300, 64, 2], 8 * n, d, rng,
-                     base_e=d != 72, streams=streams, sync=sync, max_blocks=blocks, warps=warps)
+                     base_e=d != 72, streams=streams, sync=sync, max_blocks=blocks, warps=warps,
+                     ll_rows=ll_rows)
         check_direct(to_device, to_host, dtype, n, [3, 40], 2 * n, d, rng, head_major=True,
                      strided_input=True, masks=True, streams=streams, sync=sync, max_blocks=3,
                      warps=warps, ll_rows=6)
