@@ -144,7 +144,7 @@ def run_kernels(args):
             direct_us, (push_us, comb_us), pack_combine_us, host_us = _direct_round(
                 cupy, stream, args, dtype, B)
             print(f"{B:>6} {args.heads:>4} {args.head_dim:>4} direct call {direct_us:8.2f} us "
-                  f"(in tiles: push alone {push_us:.2f}, combine alone {comb_us:.2f}; pack + combine "
+                  f"(push alone {push_us:.2f}, combine alone {comb_us:.2f}; pack + combine "
                   f"{pack_combine_us:.2f} us; host {host_us:.1f} us per launch)", flush=True)
 
 
@@ -169,19 +169,16 @@ def _direct_round(cupy, stream, args, dtype, B, n=2):
     ll_shape = (2, n, ll_rows(B, H // n), ll_words(width, bits.itemsize))
     ll_arrs = tuple(kernel_array(cupy.zeros(ll_shape, dtype=cupy.uint64), np.uint64)
                     for _ in range(n))
-    # no word-by-word region: the phases alone go in tiles behind flags (a word-by-word
-    # combine consumes the words it waited for, so it cannot be repeated alone)
-    tiled = tuple(kernel_array(cupy.zeros(ll_shape[:2] + (0,) + ll_shape[3:],
-                                          dtype=cupy.uint64), np.uint64) for _ in range(n))
     streams = [stream] + [cupy.cuda.Stream(non_blocking=True) for _ in range(n - 1)]
 
-    def launch(r, phases=PUSH | COMBINE, lls=ll_arrs):
+    def launch(r, phases=PUSH | COMBINE):
         return direct_launch(dtype, kernel_array(x, bits), kernel_array(lse, np.float32),
-                             dummy_index(), dummy_index(), -1, window_arrs, flag_arrs, lls,
+                             dummy_index(), dummy_index(), -1, window_arrs, flag_arrs, ll_arrs,
                              kernel_array(states[r], np.int64),
                              kernel_array(statuses[r], np.int64), kernel_array(outs[r], bits),
                              None, True, r, 10**9, resident // n, phases)
 
+    resident = n  # one block per rank, until the kernel's occupancy is known
     resident = launch(0)[0].resident_blocks(WARP * WARPS)
     calls = [launch(r) for r in range(n)]
     forks = [cupy.cuda.Event(disable_timing=True) for _ in range(n)]
@@ -197,14 +194,19 @@ def _direct_round(cupy, stream, args, dtype, B, n=2):
             stream.wait_event(e)
 
     direct_us = _graph_us(cupy, stream, round_, args.calls, args.reps) / n
-    parts = []
-    for phases in (PUSH, COMBINE):  # the flags stay set: combines alone do not wait
-        part = [launch(r, phases, tiled) for r in range(n)]
+    # The phases: pushes alone repeat (they never wait, and leave the epoch as it is);
+    # a combine alone cannot (it advances the epoch, and a word-by-word one consumes its
+    # words), so it is timed as every rank's push, then every rank's combine, less the pushes.
+    pushes = [launch(r, PUSH) for r in range(n)]
+    in_series = pushes + [launch(r, COMBINE) for r in range(n)]
 
-        def run_part(part=part):
-            for kernel, grid, block, kargs in part:
-                kernel(grid, block, stream.ptr, kargs)
-        parts.append(_graph_us(cupy, stream, run_part, args.calls, args.reps) / n)
+    def run_phases(steps):
+        for kernel, grid, block, kargs in steps:
+            kernel(grid, block, stream.ptr, kargs)
+
+    push_us = _graph_us(cupy, stream, lambda: run_phases(pushes), args.calls, args.reps) / n
+    series_us = _graph_us(cupy, stream, lambda: run_phases(in_series), args.calls, args.reps) / n
+    parts = [push_us, series_us - push_us]
     send = cupy.zeros(shape[1:], dtype=bits)
     recv = cupy.zeros_like(send)
     value = combine_kind(dtype)[1]
@@ -217,7 +219,7 @@ def _direct_round(cupy, stream, args, dtype, B, n=2):
             kernel(grid, block, stream.ptr, kargs)
 
     pack_combine_us = _graph_us(cupy, stream, pack_combine, args.calls, args.reps)
-    kernel, grid, block, kargs = launch(0, PUSH, tiled)  # the same launch, but it never waits
+    kernel, grid, block, kargs = launch(0, PUSH)  # the same launch, but it never waits
     host_us = _host_launch_us(lambda: kernel(grid, block, stream.ptr, kargs), stream,
                               launches=500)
     if int(statuses[0].any()) or int(statuses[1].any()):
