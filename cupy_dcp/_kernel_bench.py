@@ -6,9 +6,10 @@ call over the median time give GB/s, set beside the device-to-device copy
 bandwidth measured in the same run (bytes read plus written).
 
 The direct path's kernel is timed the same way with N = 2 ranks simulated in
-one process on one GPU: both ranks' calls at once on two streams, and each
-phase alone (both ranks' push, then both ranks' combine: the flags are then
-set before any combine polls), per rank. The windows are local memory here,
+one process on one GPU: both ranks' calls at once on two streams, both
+ranks' push phase alone, and the combine phase as both ranks' push then both
+ranks' combine (the data is then there before any combine polls) less the
+push, per rank. The windows are local memory here,
 so this is the kernel's own cost (flags, waits, combine) and not the NVLink
 transfer of a real two-GPU call.
 """

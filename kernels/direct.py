@@ -614,9 +614,9 @@ def direct_kernel(dtype, n, push_bits, pairs=False, push_group=WARP, group=WARP)
                 array_type(value, 5, False), array_type(bits, 5, False),
                 types.UniTuple(flag, n), flag, flag,
                 array_type(value, 3, False), array_type(np.float32, 2, False),
-                i64, i64, i64, i64, i64, i64)
-    argtypes += (types.UniTuple(array_type(np.uint64, 4, True), n),
-                 array_type(np.uint32, 5, False))
+                i64, i64, i64, i64, i64, i64,
+                types.UniTuple(array_type(np.uint64, 4, True), n),
+                array_type(np.uint32, 5, False))
     return SpecializedKernel(_direct_kernel(kind, n, push_group, group,
                                             np.dtype(push_bits).itemsize == 2), argtypes)
 
