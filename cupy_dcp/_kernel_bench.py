@@ -20,8 +20,7 @@ from .layout import as_dtype, bits_dtype, lse_pack_dim
 from .kernels._arrays import dummy_index, kernel_array
 from .kernels.combine import combine_kind, combine_launch
 from .kernels._rows import WARP
-from .kernels.direct import (COMBINE, PUSH, STATE_WORDS, WARPS, direct_launch, flag_words,
-                             ll_rows, ll_words, row_stride)
+from .kernels.direct import COMBINE, PUSH, STATE_WORDS, WARPS, direct_launch, window_layout
 from .kernels.pack import pack_launch
 
 SHAPES = [(128, 512), (64, 128)]
@@ -156,10 +155,9 @@ def _direct_round(cupy, stream, args, dtype, B, n=2):
     H, D = args.heads, args.head_dim
     bits = bits_dtype(dtype)
     width = D + lse_pack_dim(dtype)
-    shape = (2, n, B, H // n, width)
-    padded = shape[:-1] + (row_stride(width, bits.itemsize),)  # the plan's rows
-    windows = [cupy.zeros(padded, dtype=bits)[..., :width] for _ in range(n)]
-    flags = [cupy.zeros(flag_words(n, B, H // n), dtype=cupy.int64) for _ in range(n)]
+    layout = window_layout(n, B, H // n, width, bits.itemsize)  # the plan's, in parts
+    windows = [cupy.zeros(layout.padded_slots_shape, dtype=bits)[..., :width] for _ in range(n)]
+    flags = [cupy.zeros(layout.flag_words, dtype=cupy.int64) for _ in range(n)]
     states = [cupy.zeros(STATE_WORDS, dtype=cupy.int64) for _ in range(n)]
     statuses = [cupy.zeros(n, dtype=cupy.int64) for _ in range(n)]
     x = cupy.zeros((B, H, D), dtype=dtype)
@@ -167,8 +165,7 @@ def _direct_round(cupy, stream, args, dtype, B, n=2):
     outs = [cupy.zeros((B, H // n, D), dtype=dtype) for _ in range(n)]
     window_arrs = tuple(kernel_array(w, bits) for w in windows)
     flag_arrs = tuple(kernel_array(f, np.int64) for f in flags)
-    ll_shape = (2, n, ll_rows(B, H // n), ll_words(width, bits.itemsize))
-    ll_arrs = tuple(kernel_array(cupy.zeros(ll_shape, dtype=cupy.uint64), np.uint64)
+    ll_arrs = tuple(kernel_array(cupy.zeros(layout.ll_shape, dtype=cupy.uint64), np.uint64)
                     for _ in range(n))
     streams = [stream] + [cupy.cuda.Stream(non_blocking=True) for _ in range(n - 1)]
 
@@ -208,7 +205,7 @@ def _direct_round(cupy, stream, args, dtype, B, n=2):
     push_us = _graph_us(cupy, stream, lambda: run_phases(pushes), args.calls, args.reps) / n
     series_us = _graph_us(cupy, stream, lambda: run_phases(in_series), args.calls, args.reps) / n
     parts = [push_us, series_us - push_us]
-    send = cupy.zeros(shape[1:], dtype=bits)
+    send = cupy.zeros(layout.slots_shape[1:], dtype=bits)  # [N, B, H/N, width]
     recv = cupy.zeros_like(send)
     value = combine_kind(dtype)[1]
     pk = pack_launch(kernel_array(x, bits), kernel_array(lse, np.uint32), dummy_index(),

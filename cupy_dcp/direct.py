@@ -11,6 +11,15 @@ a tile (bounded), then combines that tile, reading its own slice from the
 input, while other tiles are still crossing. Nothing synchronises the host,
 so a call can be captured in a CUDA graph and replayed.
 
+Where every rank has a GPU of its own (Hopper or later, a driver of CUDA
+12.3 or later), each call is launched as a *programmatic dependent* of the
+kernel before it on the stream: it may be scheduled while that kernel ends
+and waits for it on the GPU (``griddepcontrol``), and it lets the kernel
+after it do the same (a kernel that was launched as an ordinary one is
+unaffected). ``CUPY_DCP_PDL=0`` turns this off. Never where ranks share a
+GPU: a call's blocks that started early could take the places that a
+peer's blocks, on that GPU, need to run at all.
+
 A peer that does not arrive within ``timeout`` seconds makes the waiting
 kernel give up: the tiles it has not combined yet become NaN (tiles
 combined before keep exact values: treat the whole call as failed), and
@@ -21,6 +30,7 @@ them), and it must be closed.
 """
 
 import ctypes
+import os
 
 import numpy as np
 
@@ -28,7 +38,7 @@ from .layout import BFLOAT16, c_strides, lse_pack_dim
 from .kernels._launch import DeviceArray
 from .kernels._rows import WARP, lanes_per_row
 from .kernels.direct import (PEER_FAILED, STATE_WORDS, TIMED_OUT, WARPS, direct_kernel,
-                             direct_launch, flag_words, ll_rows, ll_words, row_stride)
+                             direct_launch, window_layout)
 from .plan import DcpA2APlan, _Plan, _ready_steps
 from .kernels._arrays import kernel_array
 
@@ -82,6 +92,18 @@ def _survey(comm):
     return (problems[0] if problems else None), everyone
 
 
+def dependent_launch(addresses, capability, driver_version, env=os.environ):
+    """Whether direct calls launch as programmatic dependents: every rank on a GPU of
+    its own (``addresses``: every rank's GPU), compute ``capability`` 9.0 or later,
+    a driver of CUDA 12.3 or later (graphs capture the dependency from then on),
+    and ``CUPY_DCP_PDL`` not ``0``."""
+    setting = env.get("CUPY_DCP_PDL", "1")
+    if setting not in ("0", "1"):
+        raise ValueError(f"CUPY_DCP_PDL must be 0 or 1 (got {setting!r})")
+    return (setting == "1" and len(set(addresses)) == len(addresses)
+            and tuple(capability) >= (9, 0) and driver_version >= 12030)
+
+
 def _pci_address(runtime, device):
     props = runtime.getDeviceProperties(device)
     return f"{props['pciDomainID']:04x}:{props['pciBusID']:02x}:{props['pciDeviceID']:02x}"
@@ -113,6 +135,7 @@ class DcpDirectPlan(_Plan):
         self._peers = []
         self._windows = self._flags = self._lls = ()
         self._timeout_arg = timeout
+        self._dependent = False
         super().__init__(comm, max_tokens, num_heads, head_dim, dtype, return_lse,
                          is_lse_base_on_e)
 
@@ -141,16 +164,9 @@ class DcpDirectPlan(_Plan):
         # the same tiles and blocks: the fewest that any rank can hold.
         sharing = self._addresses.count(self._addresses[comm.rank])
         self._max_blocks = min(comm.mpi_comm.allgather(max(1, self._resident // sharing)))
-        width = self.head_dim + lse_pack_dim(self.dtype)
-        stride = row_stride(width, self.bits.itemsize)
-        slot_elements = n * self.max_tokens * self.local_heads * stride
-        # the flags, padded so that the slots start 512-byte aligned
-        words = flag_words(n, self.max_tokens, self.local_heads)
-        flags_bytes = -(-8 * words // 512) * 512
-        slots_bytes = 2 * slot_elements * self.bits.itemsize
-        ll_shape = (2, n, ll_rows(self.max_tokens, self.local_heads),
-                    ll_words(width, self.bits.itemsize))
-        nbytes = flags_bytes + slots_bytes + 8 * int(np.prod(ll_shape))
+        layout = window_layout(n, self.max_tokens, self.local_heads,
+                               self.head_dim + lse_pack_dim(self.dtype), self.bits.itemsize)
+        nbytes = layout.nbytes
         error = None
         try:
             self._window = runtime.malloc(nbytes)  # its own allocation: IPC maps whole ones
@@ -186,13 +202,12 @@ class DcpDirectPlan(_Plan):
         bases.insert(comm.rank, self._window)
         self._state_arr = kernel_array(self._state, np.int64, "state")
         self._status_arr = DeviceArray(self._status, (n,), (8,), np.int64, self)
-        self._flags = tuple(DeviceArray(b, (words,), (8,), np.int64, self) for b in bases)
-        shape = (2, n, self.max_tokens, self.local_heads, width)
-        strides = c_strides(shape[:-1] + (stride,), self.bits.itemsize)
-        self._windows = tuple(DeviceArray(b + flags_bytes, shape, strides, self.bits, self)
-                              for b in bases)
-        self._lls = tuple(DeviceArray(b + flags_bytes + slots_bytes, ll_shape,
-                                      c_strides(ll_shape, 8), np.dtype(np.uint64), self)
+        self._flags = tuple(DeviceArray(b, (layout.flag_words,), (8,), np.int64, self)
+                            for b in bases)
+        self._windows = tuple(DeviceArray(b + layout.slots_offset, layout.slots_shape,
+                                          layout.slots_strides, self.bits, self) for b in bases)
+        self._lls = tuple(DeviceArray(b + layout.ll_offset, layout.ll_shape,
+                                      c_strides(layout.ll_shape, 8), np.dtype(np.uint64), self)
                           for b in bases)
         try:
             comm.barrier("setting up the direct path")  # every window is zeroed and mapped
@@ -207,14 +222,20 @@ class DcpDirectPlan(_Plan):
         n = self.comm.world_size
         if n == 1:
             return
+        import cupy
+
         D = self.head_dim
+        runtime = cupy.cuda.runtime
+        capability = divmod(int(cupy.cuda.Device(self.comm.device).compute_capability), 10)
+        self._dependent = dependent_launch(self._addresses, capability,
+                                           runtime.driverGetVersion())
         kernels = [direct_kernel(self.dtype, n, self.bits, False, lanes_per_row(D),
-                                 lanes_per_row(D))]
+                                 lanes_per_row(D), self._dependent)]
         if self.bits.itemsize == 2 and D % 2 == 0:  # the usual case: 16-bit data as words
             pairs = self.dtype == BFLOAT16
             kernels.append(direct_kernel(self.dtype, n, np.dtype(np.uint32), pairs,
                                          lanes_per_row(D // 2),
-                                         lanes_per_row(D // 2 if pairs else D)))
+                                         lanes_per_row(D // 2 if pairs else D), self._dependent))
         self._resident = min(k.resident_blocks(WARP * WARPS) for k in kernels)
 
     def _run(self, tokens, x_bits, lse, mask, result, result_lse, ptr):
@@ -225,7 +246,7 @@ class DcpDirectPlan(_Plan):
         return _ready_steps(direct_launch(
             self.dtype, x_bits, lse, *mask, self._windows, self._flags, self._lls, self._state_arr,
             self._status_arr, result.view(self.bits), result_lse, self.base_e, self.comm.rank,
-            int(self.timeout * 1e9), self._max_blocks))
+            int(self.timeout * 1e9), self._max_blocks, dependent=self._dependent))
 
     def check(self):
         """Raise ``RuntimeError`` if a call of this plan has failed a wait (it reads

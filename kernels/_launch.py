@@ -9,7 +9,10 @@ nitems, itemsize, data, shape..., strides...`` (all 64-bit; strides in
 bytes), and every scalar argument of our kernels is an int64, so the
 parameters are one int64 block.
 The launch touches no stream but the one it is given, so it can be captured
-in a CUDA graph.
+in a CUDA graph. A kernel made ``dependent`` is launched as a programmatic
+dependent (``cuLaunchKernelEx`` with programmatic stream serialisation,
+through ctypes): it may start while the kernel before it on the stream ends,
+and must wait for it (``griddepcontrol.wait``) before it loads anything.
 
 Under the CUDA simulator, and with ``CUPY_DCP_LAUNCHER=numba``, the Numba
 dispatcher launches instead (same kernels, same arguments).
@@ -148,10 +151,16 @@ class SpecializedKernel:
     Args:
         dispatcher: a ``numba.cuda.jit`` kernel.
         argtypes: the Numba types of its arguments (arrays and int64 scalars).
+        kind: the launcher (:func:`launcher_kind` by default).
+        dependent: launch it as a programmatic dependent of the kernel before it
+            (through the driver: the other launchers cannot; Numba's ignores it).
     """
 
-    def __init__(self, dispatcher, argtypes, kind=None):
+    def __init__(self, dispatcher, argtypes, kind=None, dependent=False):
         self.kind = kind or launcher_kind()
+        self.dependent = bool(dependent)
+        if self.dependent and self.kind != "numba":
+            self.kind = "driver"
         self.argtypes = tuple(argtypes)
         self._dispatcher = dispatcher
         if self.kind == "numba":
@@ -174,6 +183,11 @@ class SpecializedKernel:
                                        self._params.ctypes.data + 8 * count, 8, dtype=np.uint64)
             self._pointers_ptr = int(self._pointers.ctypes.data)
             self._lock = threading.Lock()
+            if self.dependent:
+                self._attribute = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION,
+                                                   allowed=1)
+                self._launch_config = _LaunchConfig(attrs=ctypes.addressof(self._attribute),
+                                                    numAttrs=1)
         elif self.kind == "core":
             from cuda.core import LaunchConfig, ObjectCode, launch
             self._function = ObjectCode.from_cubin(cubin).get_kernel(name)
@@ -219,10 +233,18 @@ class SpecializedKernel:
             function = self._function_in_current_context(lib)
             with self._lock:
                 self._params[:] = flat
-                err = lib.cuLaunchKernel(function, gx, gy, gz, bx, by, bz, 0, stream_ptr,
-                                         self._pointers_ptr, None)
+                if self.dependent:
+                    c = self._launch_config
+                    c.gridDimX, c.gridDimY, c.gridDimZ = gx, gy, gz
+                    c.blockDimX, c.blockDimY, c.blockDimZ = bx, by, bz
+                    c.hStream = stream_ptr
+                    err = lib.cuLaunchKernelEx(ctypes.byref(c), function, self._pointers_ptr,
+                                               None)
+                else:
+                    err = lib.cuLaunchKernel(function, gx, gy, gz, bx, by, bz, 0, stream_ptr,
+                                             self._pointers_ptr, None)
             if err:
-                lib.check(err, "cuLaunchKernel")
+                lib.check(err, "cuLaunchKernelEx" if self.dependent else "cuLaunchKernel")
         elif self.kind == "core":
             key = (grid, block)
             config = self._configs.get(key)
@@ -291,6 +313,27 @@ def _numba_arg(arg):
     return arg
 
 
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+class _LaunchAttribute(ctypes.Structure):
+    """``CUlaunchAttribute``: an id, then a 64-byte union at offset 8 whose first
+    member here is ``programmaticStreamSerializationAllowed``."""
+
+    _fields_ = [("id", ctypes.c_int), ("_pad", ctypes.c_char * 4), ("allowed", ctypes.c_uint),
+                ("_rest", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """``CUlaunchConfig``: grid, block, dynamic shared memory, stream, attributes."""
+
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
+                ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint),
+                ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.c_void_p), ("numAttrs", ctypes.c_uint)]
+
+
 class _Libcuda:
     """The few CUDA driver entry points the launcher calls, through ctypes."""
 
@@ -300,6 +343,10 @@ class _Libcuda:
         self.cuLaunchKernel = lib.cuLaunchKernel
         self.cuLaunchKernel.argtypes = [c.c_void_p] + [c.c_uint] * 7 + [c.c_void_p] * 3
         self.cuLaunchKernel.restype = c.c_int
+        self.cuLaunchKernelEx = getattr(lib, "cuLaunchKernelEx", None)  # CUDA 12.0 and later
+        if self.cuLaunchKernelEx is not None:
+            self.cuLaunchKernelEx.argtypes = [c.c_void_p, c.c_void_p, c.c_void_p, c.c_void_p]
+            self.cuLaunchKernelEx.restype = c.c_int
         self.cuModuleLoadData = lib.cuModuleLoadData
         self.cuModuleLoadData.argtypes = [c.POINTER(c.c_void_p), c.c_char_p]
         self.cuModuleGetFunction = lib.cuModuleGetFunction

@@ -13,9 +13,17 @@
 - ``store_pair(words, i, a, b)``: ``st.relaxed.sys.v2.b64`` of two such words.
 - ``now_ns()``: the GPU's global nanosecond timer, for bounded waits.
 - ``pause()``: ``nanosleep`` for a short while between two polls.
+- ``grid_dependency_wait()``: ``griddepcontrol.wait``: in a kernel launched as
+  a programmatic dependent (it may start before its predecessor on the
+  stream ends), wait until that predecessor has completed and its memory is
+  visible; at once otherwise. Hopper (sm_90) and later only.
+- ``launch_dependents()``: ``griddepcontrol.launch_dependents``: the kernel
+  launched after this one as a programmatic dependent may start now (it
+  waits for this one's end itself). Hopper and later only.
 
 Under the CUDA simulator (one Python process, blocks run one after another)
-they are plain loads and stores, ``time.monotonic_ns`` and a sleep of zero.
+they are plain loads and stores, ``time.monotonic_ns`` and a sleep of zero,
+and the two ``griddepcontrol`` functions do nothing.
 """
 
 import functools
@@ -65,9 +73,14 @@ def _simulated():
     def pause():
         time.sleep(0)
 
+    @jit
+    def grid_dependency_wait():
+        pass
+
     return dict(load_acquire=load_acquire, load_relaxed=load_relaxed,
                 store_release=store_release, load_pair=load_pair, store_pair=store_pair,
-                now_ns=now_ns, pause=pause)
+                now_ns=now_ns, pause=pause, grid_dependency_wait=grid_dependency_wait,
+                launch_dependents=grid_dependency_wait)
 
 
 def _compiled():
@@ -170,6 +183,21 @@ def _compiled():
     def pause():
         cuda.nanosleep(64)
 
+    def grid_control(instruction):
+        def control(typingctx):
+            def codegen(context, builder, sig, args):
+                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), f"{instruction};",
+                                   "~{memory}", side_effect=True)
+                builder.call(asm, [])
+                return context.get_dummy_value()
+
+            return types.void(), codegen
+
+        control.__name__ = instruction.replace(".", "_")
+        return intrinsic(control)
+
     return dict(load_acquire=load_acquire, load_relaxed=load_relaxed,
                 store_release=store_release, load_pair=load_pair, store_pair=store_pair,
-                now_ns=now_ns, pause=pause)
+                now_ns=now_ns, pause=pause,
+                grid_dependency_wait=grid_control("griddepcontrol.wait"),
+                launch_dependents=grid_control("griddepcontrol.launch_dependents"))

@@ -52,6 +52,15 @@ sweep, a 1-token call went from 8.5 to 7.7 us; from 8 tokens on, the flags
 win). The region's size in rows is the threshold, measured for bf16 at
 D = 512 only.
 
+A kernel built ``dependent`` is launched as a programmatic dependent of the
+kernel before it on the stream: it may be scheduled while that kernel ends,
+and waits for it (``griddepcontrol.wait``: complete, its memory visible)
+before its first load, so all that follows holds as for an ordinary launch.
+A small call (no pushing-only blocks) then lets the kernel after it start
+early likewise; a large one does not (its blocks fill the GPU: little to
+overlap). Waits poll :data:`CHECK_EVERY` times before their first look at
+the clock and the failure flags, and as often between two looks.
+
 The last block to have read the epoch advances ``state[0]`` to ``e``, as
 soon as it has read it (the next call reads it only once this one is
 complete). The epoch lives in device memory and only the kernel advances it,
@@ -111,6 +120,7 @@ lets one process play every rank in turn (the CUDA simulator).
 """
 
 import functools
+import typing
 
 import numpy as np
 from numba import cuda, float32, types
@@ -118,15 +128,14 @@ from numba import cuda, float32, types
 from ..layout import c_strides
 from ._device import device_functions
 from ._launch import DeviceArray, SpecializedKernel, array_type
-from ._math import NEG_INF_BITS
 from ._rows import UNROLL, WARP, lanes_per_row
 from ._sync import sync_functions
 from .combine import _BF16, _BF16X2, RAW, _codecs, combine_kind, row_accumulator
-from .pack import packed_row_writer
+from .pack import lse_bits_reader, packed_row_writer
 
 __all__ = ["COMBINE", "PUSH", "STATE_WORDS", "TIMED_OUT", "PEER_FAILED", "MIN_TILE_ROWS",
-           "LL_MAX_ROWS", "direct_kernel", "direct_launch", "flag_words", "ll_grid", "ll_rows",
-           "ll_words", "row_stride", "tile_grid"]
+           "LL_MAX_ROWS", "WindowLayout", "direct_kernel", "direct_launch", "flag_words",
+           "ll_grid", "ll_rows", "ll_words", "row_stride", "tile_grid", "window_layout"]
 
 STATE_WORDS = 4
 TIMED_OUT, PEER_FAILED = 1, 2
@@ -164,6 +173,39 @@ def ll_rows(max_tokens, local_heads):
     return min(max_tokens * local_heads, LL_MAX_ROWS)
 
 
+class WindowLayout(typing.NamedTuple):
+    """Where everything lies in one rank's window (:func:`window_layout`)."""
+
+    flag_words: int  # int64 words of the flags, from byte 0
+    slots_offset: int  # bytes from the window's start to the receive slots
+    slots_shape: tuple  # (2, N, max_tokens, H/N, width) elements of the packed rows
+    slots_strides: tuple  # their byte strides (rows padded to ``row_stride``)
+    ll_offset: int  # bytes to the word-by-word region
+    ll_shape: tuple  # (2, N, R, W) uint64, C-contiguous
+    nbytes: int  # the whole window
+
+    @property
+    def padded_slots_shape(self):
+        """The slots' shape, padding included: what holds them apart from a window."""
+        return self.slots_shape[:-1] + (self.slots_strides[-2] // self.slots_strides[-1],)
+
+
+def window_layout(n, max_tokens, local_heads, width, itemsize, rows=None):
+    """The window of ``n`` ranks for ``max_tokens`` tokens of ``local_heads`` heads of
+    packed rows of ``width`` elements of ``itemsize`` bytes: flags, then the slots
+    (512-byte aligned), then the word-by-word region of ``rows`` rows per rank pair
+    (:func:`ll_rows` by default; 0 sends nothing word by word)."""
+    words = flag_words(n, max_tokens, local_heads)
+    slots_offset = -(-8 * words // 512) * 512
+    padded = (2, n, max_tokens, local_heads, row_stride(width, itemsize))
+    slots_bytes = int(np.prod(padded)) * itemsize
+    rows = ll_rows(max_tokens, local_heads) if rows is None else rows
+    ll_shape = (2, n, rows, ll_words(width, itemsize))
+    ll_offset = slots_offset + slots_bytes  # a multiple of 32: row_stride's sectors
+    return WindowLayout(words, slots_offset, padded[:-1] + (width,), c_strides(padded, itemsize),
+                        ll_offset, ll_shape, ll_offset + 8 * int(np.prod(ll_shape)))
+
+
 def ll_grid(rows, max_blocks):
     """``(tile_rows, blocks)`` of a word-by-word call: as many blocks as can help."""
     per_tile = max(1, -(-rows // max_blocks))
@@ -195,14 +237,23 @@ def tile_grid(rows, max_blocks):
 
 
 @functools.cache
-def _direct_kernel(kind, n, push_group, group, halves, unroll=UNROLL):
+def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=UNROLL):
     f = device_functions()
     s = sync_functions()
+    if dependent:  # griddepcontrol: Hopper and later
+        await_predecessor, release_dependents = s["grid_dependency_wait"], s["launch_dependents"]
+    else:
+        @cuda.jit(device=True)
+        def await_predecessor():
+            pass
+
+        release_dependents = await_predecessor
     load_acquire, load_relaxed, store_release = (s["load_acquire"], s["load_relaxed"],
                                                  s["store_release"])
     load_pair, store_pair = s["load_pair"], s["store_pair"]
     now_ns, pause = s["now_ns"], s["pause"]
     write_packed_row = packed_row_writer(push_group)
+    row_lse_bits = lse_bits_reader()
     row_is_empty = f["row_is_empty"]
     accumulators = 2 * unroll
     lse_lanes, load_lse, _, _, encode = _codecs(kind)
@@ -219,7 +270,6 @@ def _direct_kernel(kind, n, push_group, group, halves, unroll=UNROLL):
     u_push_group = u64(push_group)
     u32 = np.uint32
     low32, thirty_two, sixteen, low16 = u64(0xFFFFFFFF), u64(32), u32(16), u32(0xFFFF)
-    neg_inf_bits = u32(NEG_INF_BITS)
     per_word = u64(2 if halves else 1)  # push elements per 32-bit word
     jit = cuda.jit(device=True)
 
@@ -253,18 +303,19 @@ def _direct_kernel(kind, n, push_group, group, halves, unroll=UNROLL):
         """Poll my flag ``at`` (peer ``p``'s tile) until it reaches ``epoch``; False
         when the wait failed (recorded, and the peers told) or the plan is dead.
         ``doomed``: p had given up before this call (its data may be partial)."""
+        if doomed:
+            status[p] = peer_failed
+            give_up(flags, state, me)
+            return False
         mine = flags[me]
         seen = load_acquire(mine, at)
-        if seen >= epoch and not doomed:
+        if seen >= epoch:
             return True
         start = now_ns()
-        spins = 0
-        while seen < epoch or doomed:
-            if spins % CHECK_EVERY == 0:  # now and then (at once the first time)
-                if doomed or stopped(flags, state, status, p, me, start, timeout_ns):
-                    if doomed:
-                        status[p] = peer_failed
-                        give_up(flags, state, me)
+        spins = 1  # the first look at the clock comes after CHECK_EVERY polls
+        while seen < epoch:
+            if spins % CHECK_EVERY == 0:
+                if stopped(flags, state, status, p, me, start, timeout_ns):
                     return False
                 pause()
             spins += 1
@@ -294,6 +345,13 @@ def _direct_kernel(kind, n, push_group, group, halves, unroll=UNROLL):
         return packed_element(src, w, bits, d_count)
 
     @jit
+    def tile_cursor(t, tile_rows, rows, tid, group):
+        """Tile t's first row and row count, this thread's lane in its row's group of
+        ``group`` lanes, and the group's first row in the tile."""
+        first = t * tile_rows
+        return first, min(tile_rows, rows - first), tid % group, tid // group
+
+    @jit
     def ll_cursor(i, first, count, chunks):
         """Item i of a word-by-word tile: (peer index k, row, chunk), chunks fastest."""
         c = i % chunks
@@ -305,9 +363,7 @@ def _direct_kernel(kind, n, push_group, group, halves, unroll=UNROLL):
                      lls, slot, me, hn, d_count, chunks, tag, tid, threads):
         """Store tile t's rows of every peer's heads into its word-by-word region, 8
         bytes of the packed row and the tag per word, two words per store; no fence."""
-        first = t * tile_rows
-        count = min(tile_rows, rows - first)
-        i = tid
+        first, count, _, i = tile_cursor(t, tile_rows, rows, tid, u_one)
         while i < (u_n - u_one) * count * chunks:
             k, row, c = ll_cursor(i, first, count, chunks)
             j = k + u_one if k >= me else k  # the peers, this rank skipped
@@ -316,28 +372,34 @@ def _direct_kernel(kind, n, push_group, group, halves, unroll=UNROLL):
             src = data[b, head]
             bits = u32(0)
             if (c + u_one) * u_two * per_word > d_count:  # the LSE may be in this pair
-                bits = u32(lse_bits[b, head])
-                if row_is_empty(np.int64(b), seq_lens, query_start_loc, num_seqs):
-                    bits = neg_inf_bits
+                bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)
             w = c * u_two
             store_pair(lls[j][slot, me, row], w, u64(packed_word(src, w, bits, d_count)) | tag,
                        u64(packed_word(src, w + u_one, bits, d_count)) | tag)
             i += threads
 
     @jit
+    def carries(first, second, tag):
+        """Whether both words of a pair carry ``tag`` (in their high halves)."""
+        return (first & ~low32) == tag and (second & ~low32) == tag
+
+    @jit
     def ll_wait(words, w, tag, flags, state, status, p, me, timeout_ns):
         """Poll a pair of words until both carry ``tag`` (bounded, as ``wait_for``):
         ``(arrived, first, second)``."""
+        first, second = load_pair(words, w)
+        if carries(first, second, tag):
+            return True, first, second
         start = now_ns()
-        spins = 0
+        spins = 1  # the first look at the clock comes after CHECK_EVERY polls
         while True:
             if spins % CHECK_EVERY == 0:
                 if stopped(flags, state, status, p, me, start, timeout_ns):
-                    return False, u64(0), u64(0)
+                    return False, first, second
                 pause()
             spins += 1
             first, second = load_pair(words, w)
-            if (first & ~low32) == tag and (second & ~low32) == tag:
+            if carries(first, second, tag):
                 return True, first, second
 
     @jit
@@ -345,19 +407,15 @@ def _direct_kernel(kind, n, push_group, group, halves, unroll=UNROLL):
                         chunks, tag, timeout_ns, tid, threads):
         """Wait for every word of tile t from every peer and unpack the payloads into
         the tile's rows of the receive slot; False when a wait failed."""
-        first = t * tile_rows
-        count = min(tile_rows, rows - first)
-        i = tid
+        first, count, _, i = tile_cursor(t, tile_rows, rows, tid, u_one)
         while i < (u_n - u_one) * count * chunks:
             k, row, c = ll_cursor(i, first, count, chunks)
             p = k + u_one if k >= me else k
             words = ll[slot, p, row]
             w = c * u_two
-            a, b = load_pair(words, w)
-            if (a & ~low32) != tag or (b & ~low32) != tag:
-                arrived, a, b = ll_wait(words, w, tag, flags, state, status, p, me, timeout_ns)
-                if not arrived:
-                    return False
+            arrived, a, b = ll_wait(words, w, tag, flags, state, status, p, me, timeout_ns)
+            if not arrived:
+                return False
             dst = recv_words[slot, p, row // hn, row % hn]
             dst[w] = u32(a & low32)
             dst[w + u_one] = u32(b & low32)
@@ -365,13 +423,6 @@ def _direct_kernel(kind, n, push_group, group, halves, unroll=UNROLL):
             words[w + u_one] = u64(0)
             i += threads
         return True
-
-    @jit
-    def tile_cursor(t, tile_rows, rows, tid, group):
-        """Tile t's first row and row count, this thread's lane in its row's group of
-        ``group`` lanes, and the group's first row in the tile."""
-        first = t * tile_rows
-        return first, min(tile_rows, rows - first), tid % group, tid // group
 
     @jit
     def push_tile(t, tile_rows, rows, data, lse_bits, seq_lens, query_start_loc, num_seqs,
@@ -493,6 +544,7 @@ def _direct_kernel(kind, n, push_group, group, halves, unroll=UNROLL):
     def direct(phases, data_bits, data, lse_bits, lse, seq_lens, query_start_loc, num_seqs,
                windows, vals, bits, flags, state, status, out, out_lse, write_lse, base_e,
                self_rank, timeout_ns, tile_rows, push_blocks, lls, recv_words):
+        await_predecessor()  # a dependent launch: before the first load of anything
         me = u64(self_rank)
         epoch = state[0] + 1
         slot = u64(epoch & 1)
@@ -510,8 +562,8 @@ def _direct_kernel(kind, n, push_group, group, halves, unroll=UNROLL):
         acc = cuda.local.array(accumulators, np.float32)
         first = cuda.local.array(unroll, raw)
         second = cuda.local.array(unroll, raw)
-        if tid == u64(0):
-            failed[0] = load_acquire(state, 2) != 0
+        if tid == u64(0):  # written by earlier calls only: they are complete
+            failed[0] = load_relaxed(state, 2) != 0
         # a peer that gave up in an earlier call fails this one on every rank alike
         # (its flags may show tiles it pushed before it gave up); the load, issued now,
         # is awaited only by the first wait
@@ -519,6 +571,8 @@ def _direct_kernel(kind, n, push_group, group, halves, unroll=UNROLL):
         if combining and tid < u_n and tid != me:
             doomed = load_relaxed(flags[me], tid) < 0
         cuda.syncthreads()
+        if push_blocks == 0:  # a small call: the next one may start (it waits for this one)
+            release_dependents()
         if tid == threads - u_one:  # the last thread (it has the least work)
             cuda.threadfence()  # every thread of the block read the epoch, then it arrives
             if cuda.atomic.add(state, 1, 1) == cuda.gridDim.x - 1:  # every block has
@@ -599,10 +653,13 @@ def _direct_kernel(kind, n, push_group, group, halves, unroll=UNROLL):
 
 
 @functools.cache
-def direct_kernel(dtype, n, push_bits, pairs=False, push_group=WARP, group=WARP):
+def direct_kernel(dtype, n, push_bits, pairs=False, push_group=WARP, group=WARP,
+                  dependent=False):
     """The direct kernel for output ``dtype`` (bfloat16 ``pairs``: uint32 words in
     the combine), ``n`` ranks, the push's element bits ``push_bits`` (uint16 or
-    uint32) and the push's and combine's lanes per row."""
+    uint32) and the push's and combine's lanes per row. ``dependent``: launched as
+    a programmatic dependent of the kernel before it on its stream (Hopper and
+    later): it may start while that kernel ends, and lets the next one do so."""
     kind, value = combine_kind(dtype, pairs)
     bits = np.dtype(np.uint32 if value.itemsize == 4 else np.uint16)
     i64 = types.int64
@@ -618,12 +675,13 @@ def direct_kernel(dtype, n, push_bits, pairs=False, push_group=WARP, group=WARP)
                 types.UniTuple(array_type(np.uint64, 4, True), n),
                 array_type(np.uint32, 5, False))
     return SpecializedKernel(_direct_kernel(kind, n, push_group, group,
-                                            np.dtype(push_bits).itemsize == 2), argtypes)
+                                            np.dtype(push_bits).itemsize == 2, dependent),
+                             argtypes, dependent=dependent)
 
 
 def direct_launch(dtype, data, lse, seq_lens, query_start_loc, num_seqs, windows, flags, lls,
                   state, status, out, out_lse, is_lse_base_on_e, self_rank, timeout_ns,
-                  max_blocks, phases=PUSH | COMBINE, warps=WARPS):
+                  max_blocks, phases=PUSH | COMBINE, warps=WARPS, dependent=False):
     """``(kernel, grid, block, args)`` of one direct call, :class:`DeviceArray`
     arguments in.
 
@@ -635,7 +693,9 @@ def direct_launch(dtype, data, lse, seq_lens, query_start_loc, num_seqs, windows
     ``[2, N, R, ll_words]`` (``R`` rows, may be 0); ``out`` ``[B, H/N, D]`` seen as bits (``None``
     for ``phases == PUSH``); ``max_blocks``: the most blocks that are sure to be
     resident at once beside those of the other ranks on this GPU (blocks of
-    ``warps`` warps). 16-bit data
+    ``warps`` warps); ``dependent``: launch as a programmatic dependent (see
+    :func:`direct_kernel`; never where ranks share a GPU: a call's blocks that
+    start early could take the places a peer's blocks need). 16-bit data
     moves as uint32 words where the arrays allow, and bfloat16 is combined in pairs.
     """
     kind, value = combine_kind(dtype)
@@ -677,7 +737,8 @@ def direct_launch(dtype, data, lse, seq_lens, query_start_loc, num_seqs, windows
     recv_words = DeviceArray(mine.ptr, mine.shape[:4] + (row_bytes // 4,),
                              mine.strides[:4] + (4,), np.uint32, mine.owner)
     kernel = direct_kernel(dtype, n, push_data.dtype, kind == _BF16X2,
-                           lanes_per_row(push_data.shape[2]), lanes_per_row(vals_out.shape[2]))
+                           lanes_per_row(push_data.shape[2]), lanes_per_row(vals_out.shape[2]),
+                           dependent)
     return kernel, (blocks,), (WARP, warps), (
         int(phases), push_data, vals_data, lse.view(np.uint32), lse, seq_lens, query_start_loc,
         int(num_seqs), push_windows, vals, bits, tuple(flags), state, status, vals_out, out_lse,

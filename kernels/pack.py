@@ -27,6 +27,23 @@ __all__ = ["pack_kernel", "pack_launch", "pack_send"]
 
 
 @functools.cache
+@functools.cache
+def lse_bits_reader():
+    """Device function ``row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc,
+    num_seqs)``: the uint32 bits that a packed row carries for its LSE:
+    ``lse_bits[b, head]``, or ``-inf``'s for an empty or padding token ``b``."""
+    row_is_empty = device_functions()["row_is_empty"]
+    neg_inf_bits = np.uint32(NEG_INF_BITS)
+
+    @cuda.jit(device=True)
+    def row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc, num_seqs):
+        if row_is_empty(np.int64(b), seq_lens, query_start_loc, num_seqs):
+            return neg_inf_bits
+        return np.uint32(lse_bits[b, head])
+
+    return row_lse_bits
+
+
 def packed_row_writer(group=WARP):
     """Device function ``write_packed_row(src, dst, lse_bits, b, head, seq_lens,
     query_start_loc, num_seqs, lane, d_count, width)``: this lane's share of one
@@ -38,8 +55,7 @@ def packed_row_writer(group=WARP):
     stores any, so that enough loads are in flight to run at memory bandwidth.
     Shared by the pack kernel and the direct path's push.
     """
-    row_is_empty = device_functions()["row_is_empty"]
-    neg_inf_bits = np.uint32(NEG_INF_BITS)
+    row_lse_bits = lse_bits_reader()
     low16, sixteen = np.uint32(0xFFFF), np.uint32(16)
     u64 = np.uint64
     u_group, u_step, u_one = u64(group), u64(group * UNROLL), u64(1)
@@ -60,9 +76,7 @@ def packed_row_writer(group=WARP):
                     dst[d] = buf[k]
             base += u_step
         if lane == 0:
-            bits = np.uint32(lse_bits[b, head])
-            if row_is_empty(np.int64(b), seq_lens, query_start_loc, num_seqs):
-                bits = neg_inf_bits
+            bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)
             if width - d_count == u_one:
                 dst[d_count] = bits
             else:

@@ -142,25 +142,21 @@ class DirectRanks:
     def __init__(self, to_device, dtype, n, max_tokens, h, d, timeout_ns=10**9, max_blocks=3,
                  warps=2, ll_rows=None):
         from cupy_dcp.kernels._arrays import kernel_array
-        from cupy_dcp.kernels.direct import STATE_WORDS, flag_words, ll_words, row_stride
-        from cupy_dcp.kernels.direct import ll_rows as plan_ll_rows
+        from cupy_dcp.kernels.direct import STATE_WORDS, window_layout
         from cupy_dcp.layout import bits_dtype
 
         self.to_device, self.dtype, self.n, self.h, self.d = to_device, dtype, n, h, d
         self.bits = bits_dtype(dtype)
         self.timeout_ns, self.max_blocks, self.warps = timeout_ns, max_blocks, warps
         width = d + lse_pack_dim(dtype)
-        shape = (2, n, max_tokens, h // n, row_stride(width, self.bits.itemsize))
-        self.owners = [to_device(np.zeros(shape, self.bits)) for _ in range(n)]
+        # the plan's layout (ll_rows None: as the plan sizes it), each part its own array
+        layout = window_layout(n, max_tokens, h // n, width, self.bits.itemsize, ll_rows)
+        self.owners = [to_device(np.zeros(layout.padded_slots_shape, self.bits)) for _ in range(n)]
         rows = [w[..., :width] for w in self.owners]  # the plan's padded rows
-        words = flag_words(n, max_tokens, h // n)
-        self.flag_owners = [to_device(np.zeros(words, np.int64)) for _ in range(n)]
+        self.flag_owners = [to_device(np.zeros(layout.flag_words, np.int64)) for _ in range(n)]
         self.state_owners = [to_device(np.zeros(STATE_WORDS, np.int64)) for _ in range(n)]
         self.status_owners = [to_device(np.zeros(n, np.int64)) for _ in range(n)]
-        if ll_rows is None:  # as the plan sizes it
-            ll_rows = plan_ll_rows(max_tokens, h // n)
-        ll_shape = (2, n, ll_rows, ll_words(width, self.bits.itemsize))
-        self.ll_owners = [to_device(np.zeros(ll_shape, np.uint64)) for _ in range(n)]
+        self.ll_owners = [to_device(np.zeros(layout.ll_shape, np.uint64)) for _ in range(n)]
         self.lls = tuple(kernel_array(w, np.uint64) for w in self.ll_owners)
         self.windows = tuple(kernel_array(w, self.bits) for w in rows)
         self.flags = tuple(kernel_array(f, np.int64) for f in self.flag_owners)

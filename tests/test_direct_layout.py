@@ -7,10 +7,12 @@ flags the window was sized with.
 
 import itertools
 
+import numpy as np
 import pytest
 
 from cupy_dcp.kernels.direct import (LL_MAX_ROWS, MIN_TILE_ROWS, SPLIT_TILE_ROWS, TILES_PER_BLOCK,
-                                     flag_words, ll_grid, ll_rows, ll_words, row_stride, tile_grid)
+                                     flag_words, ll_grid, ll_rows, ll_words, row_stride, tile_grid,
+                                     window_layout)
 
 
 @pytest.mark.parametrize("n, max_tokens, local_heads", [(2, 1, 1), (2, 7, 3), (4, 33, 16),
@@ -64,3 +66,27 @@ def test_word_by_word_calls(max_tokens, local_heads, max_blocks):
         assert 1 <= blocks <= max_blocks  # every block resident, so none waits for ever
         assert (blocks - 1) * tile_rows < rows <= blocks * tile_rows  # each block has rows
         assert tile_rows == -(-rows // max_blocks)  # spread over as many blocks as allowed
+
+
+@pytest.mark.parametrize("n, max_tokens, local_heads", [(2, 1, 1), (2, 9, 64), (4, 33, 5),
+                                                        (8, 2048, 16)])
+@pytest.mark.parametrize("itemsize, width", [(2, 514), (2, 131), (4, 513), (4, 1)])
+@pytest.mark.parametrize("rows", [None, 0, 3])
+def test_window_layout(n, max_tokens, local_heads, itemsize, width, rows):
+    layout = window_layout(n, max_tokens, local_heads, width, itemsize, rows)
+    assert layout.flag_words == flag_words(n, max_tokens, local_heads)
+    # flags, then the slots from a 512-byte boundary, then the 16-byte aligned words
+    assert layout.flag_words * 8 <= layout.slots_offset and layout.slots_offset % 512 == 0
+    assert layout.slots_shape == (2, n, max_tokens, local_heads, width)
+    stride = row_stride(width, itemsize)
+    assert layout.padded_slots_shape == (2, n, max_tokens, local_heads, stride)
+    # C order over the padded rows
+    step, strides = itemsize, []
+    for extent in reversed(layout.padded_slots_shape):
+        strides.insert(0, step)
+        step *= extent
+    assert layout.slots_strides == tuple(strides)
+    assert layout.ll_offset == layout.slots_offset + step and layout.ll_offset % 16 == 0
+    expect_rows = ll_rows(max_tokens, local_heads) if rows is None else rows
+    assert layout.ll_shape == (2, n, expect_rows, ll_words(width, itemsize))
+    assert layout.nbytes == layout.ll_offset + 8 * int(np.prod(layout.ll_shape))
