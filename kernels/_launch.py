@@ -222,6 +222,8 @@ class SpecializedKernel:
         if self.kind == "numba":
             return None
         flat = flatten(args)
+        if self.kind == "driver":
+            return _DriverLaunch(self, grid, block, flat)
         return lambda stream_ptr: self.launch_flat(grid, block, stream_ptr, flat)
 
     def launch_flat(self, grid, block, stream_ptr, flat):
@@ -281,6 +283,39 @@ class SpecializedKernel:
         else:
             stream = cuda.external_stream(stream_ptr) if stream_ptr else cuda.default_stream()
         self._dispatcher[grid, block, stream](*views)
+
+
+class _DriverLaunch:
+    """A launch through the driver made ready: its own parameter block (and launch
+    configuration), filled once, so that a launch is one ctypes call."""
+
+    def __init__(self, kernel, grid, block, flat):
+        self._kernel = kernel
+        self._params = np.array(flat, dtype=np.int64)
+        self._pointers = np.arange(self._params.ctypes.data,
+                                   self._params.ctypes.data + 8 * len(flat), 8, dtype=np.uint64)
+        self._pointers_ptr = int(self._pointers.ctypes.data)
+        self._dims = (tuple(grid) + (1, 1))[:3] + (tuple(block) + (1, 1))[:3]
+        self._config = None
+        if kernel.dependent:
+            self._attribute = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, allowed=1)
+            self._config = _LaunchConfig(*self._dims, attrs=ctypes.addressof(self._attribute),
+                                         numAttrs=1)
+            self._lock = threading.Lock()
+
+    def __call__(self, stream_ptr):
+        lib = _libcuda()
+        function = self._kernel._function_in_current_context(lib)
+        if self._config is None:
+            err = lib.cuLaunchKernel(function, *self._dims, 0, stream_ptr, self._pointers_ptr,
+                                     None)
+        else:
+            with self._lock:  # the stream is the one field that changes
+                self._config.hStream = stream_ptr
+                err = lib.cuLaunchKernelEx(ctypes.byref(self._config), function,
+                                           self._pointers_ptr, None)
+        if err:
+            lib.check(err, "cuLaunchKernel" if self._config is None else "cuLaunchKernelEx")
 
 
 def flatten(args):

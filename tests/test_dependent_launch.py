@@ -45,3 +45,45 @@ def test_driver_structures_match_cuda_h():
     attribute = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, allowed=1)
     raw = bytes(attribute)
     assert raw[:4] == (6).to_bytes(4, "little") and raw[8:12] == (1).to_bytes(4, "little")
+
+
+class _FakeDriver:
+    """Records the launches a prepared driver launch makes (no GPU)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def cuLaunchKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        self.calls.append(("plain", function, (gx, gy, gz, bx, by, bz), shared, stream, params))
+        return 0
+
+    def cuLaunchKernelEx(self, config, function, params, extra):
+        c = config._obj  # ctypes.byref
+        attribute = _LaunchAttribute.from_address(c.attrs)
+        self.calls.append(("ex", function, (c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX,
+                                            c.blockDimY, c.blockDimZ), c.sharedMemBytes,
+                           c.hStream, params, c.numAttrs, attribute.id, attribute.allowed))
+        return 0
+
+
+@pytest.mark.parametrize("dependent", [False, True])
+def test_a_prepared_driver_launch_passes_its_parameters(monkeypatch, dependent):
+    from cupy_dcp.kernels import _launch
+
+    fake = _FakeDriver()
+    monkeypatch.setattr(_launch, "_libcuda", lambda: fake)
+    kernel = _launch.SpecializedKernel.__new__(_launch.SpecializedKernel)
+    kernel.dependent, kernel.kind = dependent, "driver"
+    kernel._function_in_current_context = lambda lib: 1234
+    flat = [7, -1, 2**40, 0]
+    launch = _launch._DriverLaunch(kernel, (5,), (32, 8), flat)
+    launch(99)
+    launch(77)
+    assert len(fake.calls) == 2
+    for call, stream in zip(fake.calls, (99, 77)):
+        assert call[0] == ("ex" if dependent else "plain")
+        assert call[1:5] == (1234, (5, 1, 1, 32, 8, 1), 0, stream)
+        pointers = (ctypes.c_uint64 * len(flat)).from_address(call[5])
+        assert [ctypes.c_int64.from_address(p).value for p in pointers] == flat
+        if dependent:
+            assert call[6:] == (1, _PROGRAMMATIC_STREAM_SERIALIZATION, 1)
