@@ -111,13 +111,13 @@ class _Plan:
             seq_lens, query_start_loc: optional ``[S]``, ``[S+1]`` integer
                 device arrays marking empty and padding tokens (``S <=
                 max_tokens``).
+            stream: the stream of the whole call; ``None`` is CuPy's current
+                stream.
 
         A float32 LSE and contiguous int64 masks are read in place; other
         dtypes or strides are converted, on ``stream``, into buffers the plan
         owns. Calls of one plan must be ordered: on one stream, or
         synchronised by the caller (they share the plan's buffers).
-            stream: the stream of the whole call; ``None`` is CuPy's current
-                stream.
 
         Returns:
             ``[B, H/N, D]`` (and ``[B, H/N]`` float32 when the plan returns the
