@@ -14,9 +14,11 @@ so a call can be captured in a CUDA graph and replayed.
 Where every rank has a GPU of its own (Hopper or later, a driver of CUDA
 12.3 or later), each call is launched as a *programmatic dependent* of the
 kernel before it on the stream: it may be scheduled while that kernel ends
-and waits for it on the GPU (``griddepcontrol``), and it lets the kernel
-after it do the same (a kernel that was launched as an ordinary one is
-unaffected). ``CUPY_DCP_PDL=0`` turns this off. Never where ranks share a
+and waits for it on the GPU (``griddepcontrol``), and a small call lets the
+kernel after it do the same (a kernel that was launched as an ordinary one
+is unaffected; one launched as a programmatic dependent must wait, with
+``griddepcontrol.wait``, before it touches the call's results, as the PDL
+contract asks). ``CUPY_DCP_PDL=0`` turns this off. Never where ranks share a
 GPU: a call's blocks that started early could take the places that a
 peer's blocks, on that GPU, need to run at all.
 
@@ -92,15 +94,20 @@ def _survey(comm):
     return (problems[0] if problems else None), everyone
 
 
-def dependent_launch(addresses, capability, driver_version, env=os.environ):
-    """Whether direct calls launch as programmatic dependents: every rank on a GPU of
-    its own (``addresses``: every rank's GPU), compute ``capability`` 9.0 or later,
-    a driver of CUDA 12.3 or later (graphs capture the dependency from then on),
-    and ``CUPY_DCP_PDL`` not ``0``."""
+def pdl_setting(env=os.environ):
+    """``CUPY_DCP_PDL`` as a bool (unset: on); ``ValueError`` unless ``0`` or ``1``."""
     setting = env.get("CUPY_DCP_PDL", "1")
     if setting not in ("0", "1"):
         raise ValueError(f"CUPY_DCP_PDL must be 0 or 1 (got {setting!r})")
-    return (setting == "1" and len(set(addresses)) == len(addresses)
+    return setting == "1"
+
+
+def dependent_launch(addresses, capability, driver_version, enabled=True):
+    """Whether direct calls launch as programmatic dependents: ``enabled``
+    (:func:`pdl_setting`), every rank on a GPU of its own (``addresses``: every
+    rank's GPU), compute ``capability`` 9.0 or later, and a driver of CUDA 12.3 or
+    later (graphs capture the dependency from then on)."""
+    return (bool(enabled) and len(set(addresses)) == len(addresses)
             and tuple(capability) >= (9, 0) and driver_version >= 12030)
 
 
@@ -151,6 +158,7 @@ class DcpDirectPlan(_Plan):
         if not (isinstance(timeout, (int, float)) and 0 < timeout <= _MAX_TIMEOUT):
             raise ValueError(f"timeout must be > 0 and <= {_MAX_TIMEOUT:g} seconds (got {timeout!r})")
         self.timeout = float(timeout)
+        self._pdl = pdl_setting()  # here, so that a bad setting fails every rank at once
         return dict(timeout=self.timeout)  # a rank that gave up sooner would stop pushing
 
     def _allocate(self, cupy):
@@ -228,7 +236,7 @@ class DcpDirectPlan(_Plan):
         runtime = cupy.cuda.runtime
         capability = divmod(int(cupy.cuda.Device(self.comm.device).compute_capability), 10)
         self._dependent = dependent_launch(self._addresses, capability,
-                                           runtime.driverGetVersion())
+                                           runtime.driverGetVersion(), self._pdl)
         kernels = [direct_kernel(self.dtype, n, self.bits, False, lanes_per_row(D),
                                  lanes_per_row(D), self._dependent)]
         if self.bits.itemsize == 2 and D % 2 == 0:  # the usual case: 16-bit data as words

@@ -175,19 +175,7 @@ class SpecializedKernel:
             if _libcuda() is None:
                 raise RuntimeError("the CUDA driver library (libcuda) cannot be loaded")
             self._cubin, self._name = bytes(cubin), name.encode()
-            self._functions = {}  # a module is loaded once per CUDA context
-            # One parameter block, reused: cuLaunchKernel copies it before it returns.
-            count = sum(map(_abi_words, self.argtypes))
-            self._params = np.zeros(count, dtype=np.int64)
-            self._pointers = np.arange(self._params.ctypes.data,
-                                       self._params.ctypes.data + 8 * count, 8, dtype=np.uint64)
-            self._pointers_ptr = int(self._pointers.ctypes.data)
-            self._lock = threading.Lock()
-            if self.dependent:
-                self._attribute = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION,
-                                                   allowed=1)
-                self._launch_config = _LaunchConfig(attrs=ctypes.addressof(self._attribute),
-                                                    numAttrs=1)
+            self._driver_setup(sum(map(_abi_words, self.argtypes)))
         elif self.kind == "core":
             from cuda.core import LaunchConfig, ObjectCode, launch
             self._function = ObjectCode.from_cubin(cubin).get_kernel(name)
@@ -201,6 +189,21 @@ class SpecializedKernel:
             module.load(cubin)
             self._module = module
             self._function = module.get_function(name)
+
+    def _driver_setup(self, count):
+        """The driver launcher's state: one parameter block of ``count`` words, reused
+        (the driver copies it before a launch returns), and, for a dependent kernel,
+        the launch configuration."""
+        self._functions = {}  # a module is loaded once per CUDA context
+        self._params = np.zeros(count, dtype=np.int64)
+        self._pointers = np.arange(self._params.ctypes.data,
+                                   self._params.ctypes.data + 8 * count, 8, dtype=np.uint64)
+        self._pointers_ptr = int(self._pointers.ctypes.data)
+        self._lock = threading.Lock()
+        if self.dependent:
+            self._attribute = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, allowed=1)
+            self._launch_config = _LaunchConfig(attrs=ctypes.addressof(self._attribute),
+                                                numAttrs=1)
 
     def resident_blocks(self, block):
         """How many blocks of shape ``block`` the current GPU holds at once (on all

@@ -562,7 +562,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         acc = cuda.local.array(accumulators, np.float32)
         first = cuda.local.array(unroll, raw)
         second = cuda.local.array(unroll, raw)
-        if tid == u64(0):  # written by earlier calls only: they are complete
+        if tid == u64(0):  # a fast start only: blocks that fail later tell each other
             failed[0] = load_relaxed(state, 2) != 0
         # a peer that gave up in an earlier call fails this one on every rank alike
         # (its flags may show tiles it pushed before it gave up); the load, issued now,

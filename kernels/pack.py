@@ -25,8 +25,6 @@ from ._specs import check_pack_args
 __all__ = ["pack_kernel", "pack_launch", "pack_send"]
 
 
-
-@functools.cache
 @functools.cache
 def lse_bits_reader():
     """Device function ``row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc,
@@ -44,6 +42,7 @@ def lse_bits_reader():
     return row_lse_bits
 
 
+@functools.cache
 def packed_row_writer(group=WARP):
     """Device function ``write_packed_row(src, dst, lse_bits, b, head, seq_lens,
     query_start_loc, num_seqs, lane, d_count, width)``: this lane's share of one

@@ -96,6 +96,9 @@ def _count_diff():
 def race(world, comm, count):
     from cupy_dcp.kernels.direct import LL_MAX_ROWS
 
+    if count < 3:
+        raise SystemExit("race needs COUNT >= 3 (its last phase runs calls three at a time)")
+
     for tokens in (B, -(-LL_MAX_ROWS // HN) + B):  # word by word, then in tiles
         _race(world, comm, count, tokens)
 
@@ -176,13 +179,15 @@ def _race(world, comm, count, tokens):
             graph.launch(stream)
         plan.synchronize(stream)
         row_diffs = int(diffs.get()[0])
+    launches = "dependent" if plan._dependent else "ordinary"
     plan.close()
     assert eager_diffs == 0, f"rank {rank}: {eager_diffs} elements differ over {count} eager calls"
     assert graph_diffs == 0, f"rank {rank}: {graph_diffs} elements differ over {count} replays"
     assert row_diffs == 0, f"rank {rank}: {row_diffs} elements differ over back-to-back calls"
     print(f"rank {rank}/{n} direct race OK (B={tokens}): {count} eager calls ({eager_s:.1f} s) and {count} "
           f"graph replays ({graph_s:.1f} s), then {3 * (count // 3)} calls back to back in graphs "
-          f"of three, every result bit-identical to its checked set", flush=True)
+          f"of three ({launches} launches), every result bit-identical to its checked set",
+          flush=True)
 
 
 def timeout(world, comm, bound=2.0):

@@ -11,5 +11,19 @@ def gpu_count():
         return 0
 
 
+def pdl_expected(ranks):
+    """Whether a direct plan of ``ranks`` ranks launches as programmatic dependents
+    here: a GPU for each rank, all Hopper or later, a CUDA 12.3 or later driver,
+    ``CUPY_DCP_PDL`` not 0."""
+    import os
+
+    if gpu_count() < ranks or os.environ.get("CUPY_DCP_PDL", "1") == "0":
+        return False
+    import cupy
+    runtime = cupy.cuda.runtime
+    return (runtime.driverGetVersion() >= 12030
+            and all(int(cupy.cuda.Device(d).compute_capability) >= 90 for d in range(ranks)))
+
+
 requires_gpu = pytest.mark.skipif(gpu_count() < 1, reason="needs CuPy and a CUDA GPU")
 requires_two_gpus = pytest.mark.skipif(gpu_count() < 2, reason="needs CuPy and two CUDA GPUs")

@@ -52,6 +52,13 @@ def test_bad_plan_arguments(kwargs, match):
         cupy_dcp.dcp_plan(MPI.COMM_SELF, 4, 8, 16, "float32", **kwargs)
 
 
+def test_a_bad_pdl_setting_is_a_plan_argument_error(monkeypatch):
+    """Raised where bad arguments are (every rank raises together), not later."""
+    monkeypatch.setenv("CUPY_DCP_PDL", "on")
+    with pytest.raises(ValueError, match=r"^CUPY_DCP_PDL must be 0 or 1 \(got 'on'\)$"):
+        cupy_dcp.dcp_plan(MPI.COMM_SELF, 4, 8, 16, "float32", strategy="direct")
+
+
 def test_plans_refuse_arrays_in_another_gpus_memory(monkeypatch):
     """The device check of plan calls (the pointer query itself needs a GPU)."""
     from types import SimpleNamespace

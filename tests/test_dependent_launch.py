@@ -5,7 +5,7 @@ import ctypes
 
 import pytest
 
-from cupy_dcp.direct import dependent_launch
+from cupy_dcp.direct import dependent_launch, pdl_setting
 from cupy_dcp.kernels._launch import (_PROGRAMMATIC_STREAM_SERIALIZATION, _LaunchAttribute,
                                       _LaunchConfig)
 
@@ -13,24 +13,26 @@ OWN = ["0000:19:00", "0000:3b:00"]  # every rank on a GPU of its own
 
 
 def test_every_rank_on_its_own_hopper():
-    assert dependent_launch(OWN, (9, 0), 12030, env={})
-    assert dependent_launch(OWN, (10, 0), 13000, env={"CUPY_DCP_PDL": "1"})
+    assert dependent_launch(OWN, (9, 0), 12030)
+    assert dependent_launch(OWN, (10, 0), 13000, enabled=True)
 
 
-@pytest.mark.parametrize("addresses, capability, driver, env", [
-    (["0000:19:00", "0000:19:00"], (9, 0), 13000, {}),  # two ranks share a GPU
-    (OWN + ["0000:19:00"], (9, 0), 13000, {}),
-    (OWN, (8, 0), 13000, {}),  # no griddepcontrol before Hopper
-    (OWN, (9, 0), 12020, {}),  # graphs capture the dependency from CUDA 12.3 on
-    (OWN, (9, 0), 13000, {"CUPY_DCP_PDL": "0"}),
+@pytest.mark.parametrize("addresses, capability, driver, enabled", [
+    (["0000:19:00", "0000:19:00"], (9, 0), 13000, True),  # two ranks share a GPU
+    (OWN + ["0000:19:00"], (9, 0), 13000, True),
+    (OWN, (8, 0), 13000, True),  # no griddepcontrol before Hopper
+    (OWN, (9, 0), 12020, True),  # graphs capture the dependency from CUDA 12.3 on
+    (OWN, (9, 0), 13000, False),  # CUPY_DCP_PDL=0
 ])
-def test_ordinary_launches_elsewhere(addresses, capability, driver, env):
-    assert not dependent_launch(addresses, capability, driver, env=env)
+def test_ordinary_launches_elsewhere(addresses, capability, driver, enabled):
+    assert not dependent_launch(addresses, capability, driver, enabled)
 
 
-def test_a_bad_setting_is_refused():
+def test_the_setting():
+    assert pdl_setting({}) and pdl_setting({"CUPY_DCP_PDL": "1"})
+    assert not pdl_setting({"CUPY_DCP_PDL": "0"})
     with pytest.raises(ValueError, match="CUPY_DCP_PDL"):
-        dependent_launch(OWN, (9, 0), 13000, env={"CUPY_DCP_PDL": "yes"})
+        pdl_setting({"CUPY_DCP_PDL": "yes"})
 
 
 def test_driver_structures_match_cuda_h():
@@ -83,6 +85,29 @@ def test_a_prepared_driver_launch_passes_its_parameters(monkeypatch, dependent):
     for call, stream in zip(fake.calls, (99, 77)):
         assert call[0] == ("ex" if dependent else "plain")
         assert call[1:5] == (1234, (5, 1, 1, 32, 8, 1), 0, stream)
+        pointers = (ctypes.c_uint64 * len(flat)).from_address(call[5])
+        assert [ctypes.c_int64.from_address(p).value for p in pointers] == flat
+        if dependent:
+            assert call[6:] == (1, _PROGRAMMATIC_STREAM_SERIALIZATION, 1)
+
+
+@pytest.mark.parametrize("dependent", [False, True])
+def test_an_unprepared_driver_launch_passes_its_parameters(monkeypatch, dependent):
+    from cupy_dcp.kernels import _launch
+
+    fake = _FakeDriver()
+    monkeypatch.setattr(_launch, "_libcuda", lambda: fake)
+    kernel = _launch.SpecializedKernel.__new__(_launch.SpecializedKernel)
+    kernel.dependent, kernel.kind = dependent, "driver"
+    kernel._driver_setup(3)
+    kernel._function_in_current_context = lambda lib: 55
+    launches = (((4,), (32, 2), 11, [1, 2, 3]), ((9, 2), (32,), 12, [-5, 0, 7]))
+    for grid, block, stream, flat in launches:
+        kernel.launch_flat(grid, block, stream, flat)
+        call = fake.calls[-1]
+        assert call[0] == ("ex" if dependent else "plain")
+        dims = (grid + (1, 1))[:3] + (block + (1, 1))[:3]
+        assert call[1:5] == (55, dims, 0, stream)
         pointers = (ctypes.c_uint64 * len(flat)).from_address(call[5])
         assert [ctypes.c_int64.from_address(p).value for p in pointers] == flat
         if dependent:

@@ -90,3 +90,16 @@ def test_window_layout(n, max_tokens, local_heads, itemsize, width, rows):
     expect_rows = ll_rows(max_tokens, local_heads) if rows is None else rows
     assert layout.ll_shape == (2, n, expect_rows, ll_words(width, itemsize))
     assert layout.nbytes == layout.ll_offset + 8 * int(np.prod(layout.ll_shape))
+
+
+def test_window_layout_in_bytes():
+    """Two windows worked out by hand: bf16 rows of 1028 bytes padded to 1152 (a
+    line), float32 rows of 2052 bytes padded to 2176."""
+    layout = window_layout(2, 9, 64, 514, 2)
+    assert (layout.flag_words, layout.slots_offset, layout.ll_offset, layout.nbytes) == (
+        146, 1536, 1536 + 2 * 2 * 9 * 64 * 1152, 2655744 + 8 * 2 * 2 * 256 * 258)
+    assert layout.slots_strides == (2 * 9 * 64 * 1152, 9 * 64 * 1152, 64 * 1152, 1152, 2)
+    layout = window_layout(4, 33, 5, 513, 4)
+    assert (layout.flag_words, layout.slots_offset, layout.ll_offset, layout.nbytes) == (
+        88, 1024, 1024 + 2 * 4 * 33 * 5 * 2176, 2873344 + 8 * 2 * 4 * 165 * 514)
+    assert layout.ll_shape == (2, 4, 165, 514)
