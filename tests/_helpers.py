@@ -6,12 +6,14 @@ outside pytest, so nothing here imports pytest).
 
 import os
 import shutil
+import signal
+import subprocess
 import sys
 
 import ml_dtypes
 import numpy as np
 
-__all__ = ["run_or_abort", "assert_lse_close", "assert_output_close", "check_rank_result", "mpiexec_command", "mpiexec_env",
+__all__ = ["run_bounded", "run_or_abort", "assert_lse_close", "assert_output_close", "check_rank_result", "mpiexec_command", "mpiexec_env",
            "random_rank_inputs", "row_mask", "row_scale", "ulp"]
 
 LSE_RTOL = 1e-5
@@ -157,3 +159,29 @@ def run_or_abort(main, *args):
         traceback.print_exc()
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(1)
+
+
+def run_bounded(cmd, timeout, cwd=None, env=None):
+    """Run ``cmd`` (an mpiexec line) to its end, output captured as text: a
+    ``subprocess.CompletedProcess``. Past ``timeout`` seconds the job's whole
+    process group is stopped (SIGTERM, then SIGKILL), so no rank lives on
+    holding a GPU, and an ``AssertionError`` carries the output it had written."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, None)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                stdout, stderr = proc.communicate(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        out = (stdout or "") + (stderr or "")
+        raise AssertionError(f"{' '.join(map(str, cmd))} did not end within {timeout} s; "
+                             f"the output it had written:\n{out[-6000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)

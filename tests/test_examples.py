@@ -1,12 +1,11 @@
 """Every mpirun example runs as its header says (on the CPU here) and reports success."""
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from _helpers import mpiexec_env
+from _helpers import mpiexec_env, run_bounded
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "mpi_examples"
 
@@ -20,7 +19,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "mpi_examples"
 ])
 def test_example_runs_and_checks_itself(mpiexec, script, nprocs, argv, expect):
     cmd = mpiexec(nprocs, sys.executable, "-m", "mpi4py", str(EXAMPLES / script), *argv)
-    proc = subprocess.run(cmd, env=mpiexec_env(), capture_output=True, text=True, timeout=300)
+    proc = run_bounded(cmd, 300, env=mpiexec_env())
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert expect in proc.stdout, out[-4000:]
@@ -33,7 +32,7 @@ def test_bench_runs_on_host_arrays(mpiexec, tmp_path):
     cmd = mpiexec(2, sys.executable, "-m", "mpi4py", "-m", "cupy_dcp.bench", "--device", "cpu",
                   "--tokens", "1,8", "--heads", "8", "--head-dim", "16", "--reps", "3",
                   "--calls", "3", "--json", str(out_json), "--profile", "4")
-    proc = subprocess.run(cmd, env=mpiexec_env(), capture_output=True, text=True, timeout=300)
+    proc = run_bounded(cmd, 300, env=mpiexec_env())
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     records = json.loads(out_json.read_text())
     strategies = {r["strategy"] for r in records}

@@ -1,12 +1,16 @@
-"""Multi-rank GPU tests: mpirun -n 2 over NCCL, from pytest."""
+"""Multi-rank GPU tests: mpirun -n 2 over NCCL, from pytest.
 
-import subprocess
+``CUPY_DCP_JOB_TIMEOUT`` (seconds) caps each job below its own bound, so that a
+job that hangs inside a time-limited session still ends with its output.
+"""
+
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
-from _helpers import mpiexec_command, mpiexec_env
+from _helpers import mpiexec_command, mpiexec_env, run_bounded
 from gpu import pdl_expected, requires_gpu, requires_two_gpus
 
 pytestmark = [pytest.mark.gpu]
@@ -18,8 +22,8 @@ ROOT = HERE.parent
 def run_job(nprocs, *argv, timeout=600):
     cmd = mpiexec_command(nprocs, sys.executable, "-m", "mpi4py", *argv)
     assert cmd is not None, "no mpiexec"
-    proc = subprocess.run(cmd, cwd=HERE, env=mpiexec_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    timeout = min(timeout, float(os.environ.get("CUPY_DCP_JOB_TIMEOUT", timeout)))
+    proc = run_bounded(cmd, timeout, cwd=HERE, env=mpiexec_env())
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     return out

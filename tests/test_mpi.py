@@ -1,20 +1,19 @@
 """dcp_a2a_lse_reduce across real ranks: ``mpiexec -n K python tests/mpi_reduce_worker.py``."""
 
 import os
-import subprocess
 import sys
 
 import pytest
 
-from _helpers import mpiexec_env
+from _helpers import mpiexec_env, run_bounded
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_reduce_worker.py")
 TIMEOUT_S = 240
 
 
 def _run(mpiexec, nprocs, *argv, **env):
-    return subprocess.run(mpiexec(nprocs, sys.executable, WORKER, *argv), capture_output=True,
-                          text=True, timeout=TIMEOUT_S, env=mpiexec_env(**env))
+    return run_bounded(mpiexec(nprocs, sys.executable, WORKER, *argv), TIMEOUT_S,
+                       env=mpiexec_env(**env))
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])

@@ -7,12 +7,11 @@ descriptors as it goes, and aborts the job on the first failure.
 
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
-from _helpers import mpiexec_env
+from _helpers import mpiexec_env, run_bounded
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "soak_host_worker.py")
 NPROCS = 2
@@ -21,9 +20,8 @@ NPROCS = 2
 @pytest.mark.slow
 def test_host_reduce_soak_stays_correct_and_flat(mpiexec):
     seconds = float(os.environ.get("CUPY_DCP_SOAK_SECONDS", "45"))
-    proc = subprocess.run(mpiexec(NPROCS, sys.executable, WORKER), capture_output=True,
-                          text=True, timeout=seconds + 240,
-                          env=mpiexec_env(CUPY_DCP_SOAK_SECONDS=str(seconds)))
+    proc = run_bounded(mpiexec(NPROCS, sys.executable, WORKER), seconds + 240,
+                       env=mpiexec_env(CUPY_DCP_SOAK_SECONDS=str(seconds)))
     report = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-6000:]}"
     assert proc.returncode == 0, report
     calls = []
