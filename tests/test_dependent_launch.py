@@ -68,47 +68,50 @@ class _FakeDriver:
         return 0
 
 
-@pytest.mark.parametrize("dependent", [False, True])
-def test_a_prepared_driver_launch_passes_its_parameters(monkeypatch, dependent):
+def _driver_kernel(monkeypatch, dependent, function):
+    """A SpecializedKernel of the driver launcher with no cubin, and the stand-in
+    driver its launches go to."""
     from cupy_dcp.kernels import _launch
 
     fake = _FakeDriver()
     monkeypatch.setattr(_launch, "_libcuda", lambda: fake)
     kernel = _launch.SpecializedKernel.__new__(_launch.SpecializedKernel)
     kernel.dependent, kernel.kind = dependent, "driver"
-    kernel._function_in_current_context = lambda lib: 1234
+    kernel._function_in_current_context = lambda lib: function
+    return kernel, fake
+
+
+def _check_launch(call, dependent, function, grid, block, stream, flat):
+    """One recorded launch: its entry point, dimensions, stream and parameter block."""
+    assert call[0] == ("ex" if dependent else "plain")
+    dims = (tuple(grid) + (1, 1))[:3] + (tuple(block) + (1, 1))[:3]
+    assert call[1:5] == (function, dims, 0, stream)
+    pointers = (ctypes.c_uint64 * len(flat)).from_address(call[5])
+    assert [ctypes.c_int64.from_address(p).value for p in pointers] == flat
+    if dependent:
+        assert call[6:] == (1, _PROGRAMMATIC_STREAM_SERIALIZATION, 1)
+
+
+@pytest.mark.parametrize("dependent", [False, True])
+def test_a_prepared_driver_launch_passes_its_parameters(monkeypatch, dependent):
+    from cupy_dcp.kernels import _launch
+
+    kernel, fake = _driver_kernel(monkeypatch, dependent, 1234)
     flat = [7, -1, 2**40, 0]
     launch = _launch._DriverLaunch(kernel, (5,), (32, 8), flat)
     launch(99)
     launch(77)
     assert len(fake.calls) == 2
     for call, stream in zip(fake.calls, (99, 77)):
-        assert call[0] == ("ex" if dependent else "plain")
-        assert call[1:5] == (1234, (5, 1, 1, 32, 8, 1), 0, stream)
-        pointers = (ctypes.c_uint64 * len(flat)).from_address(call[5])
-        assert [ctypes.c_int64.from_address(p).value for p in pointers] == flat
-        if dependent:
-            assert call[6:] == (1, _PROGRAMMATIC_STREAM_SERIALIZATION, 1)
+        _check_launch(call, dependent, 1234, (5,), (32, 8), stream, flat)
 
 
 @pytest.mark.parametrize("dependent", [False, True])
 def test_an_unprepared_driver_launch_passes_its_parameters(monkeypatch, dependent):
-    from cupy_dcp.kernels import _launch
-
-    fake = _FakeDriver()
-    monkeypatch.setattr(_launch, "_libcuda", lambda: fake)
-    kernel = _launch.SpecializedKernel.__new__(_launch.SpecializedKernel)
-    kernel.dependent, kernel.kind = dependent, "driver"
+    kernel, fake = _driver_kernel(monkeypatch, dependent, 55)
     kernel._driver_setup(3)
-    kernel._function_in_current_context = lambda lib: 55
     launches = (((4,), (32, 2), 11, [1, 2, 3]), ((9, 2), (32,), 12, [-5, 0, 7]))
     for grid, block, stream, flat in launches:
         kernel.launch_flat(grid, block, stream, flat)
-        call = fake.calls[-1]
-        assert call[0] == ("ex" if dependent else "plain")
-        dims = (grid + (1, 1))[:3] + (block + (1, 1))[:3]
-        assert call[1:5] == (55, dims, 0, stream)
-        pointers = (ctypes.c_uint64 * len(flat)).from_address(call[5])
-        assert [ctypes.c_int64.from_address(p).value for p in pointers] == flat
-        if dependent:
-            assert call[6:] == (1, _PROGRAMMATIC_STREAM_SERIALIZATION, 1)
+        _check_launch(fake.calls[-1], dependent, 55, grid, block, stream, flat)
+    assert len(fake.calls) == 2
