@@ -191,19 +191,10 @@ class SpecializedKernel:
             self._function = module.get_function(name)
 
     def _driver_setup(self, count):
-        """The driver launcher's state: one parameter block of ``count`` words, reused
-        (the driver copies it before a launch returns), and, for a dependent kernel,
-        the launch configuration."""
+        """The driver launcher's state: the CUDA function of each context, and one
+        reused launch state for launches not made ready."""
         self._functions = {}  # a module is loaded once per CUDA context
-        self._params = np.zeros(count, dtype=np.int64)
-        self._pointers = np.arange(self._params.ctypes.data,
-                                   self._params.ctypes.data + 8 * count, 8, dtype=np.uint64)
-        self._pointers_ptr = int(self._pointers.ctypes.data)
-        self._lock = threading.Lock()
-        if self.dependent:
-            self._attribute = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, allowed=1)
-            self._launch_config = _LaunchConfig(attrs=ctypes.addressof(self._attribute),
-                                                numAttrs=1)
+        self._driver = _DriverLaunch(self, count)
 
     def resident_blocks(self, block):
         """How many blocks of shape ``block`` the current GPU holds at once (on all
@@ -225,31 +216,15 @@ class SpecializedKernel:
         if self.kind == "numba":
             return None
         flat = flatten(args)
-        if self.kind == "driver":
-            return _DriverLaunch(self, grid, block, flat)
+        if self.kind == "driver":  # its own parameter block, filled once
+            launch, dims = _DriverLaunch(self, len(flat), flat), _dims(grid, block)
+            return lambda stream_ptr: launch(stream_ptr, dims)
         return lambda stream_ptr: self.launch_flat(grid, block, stream_ptr, flat)
 
     def launch_flat(self, grid, block, stream_ptr, flat):
         """Launch with arguments already flattened to the ABI."""
         if self.kind == "driver":
-            lib = _libcuda()
-            gx, gy, gz = (tuple(grid) + (1, 1))[:3]
-            bx, by, bz = (tuple(block) + (1, 1))[:3]
-            function = self._function_in_current_context(lib)
-            with self._lock:
-                self._params[:] = flat
-                if self.dependent:
-                    c = self._launch_config
-                    c.gridDimX, c.gridDimY, c.gridDimZ = gx, gy, gz
-                    c.blockDimX, c.blockDimY, c.blockDimZ = bx, by, bz
-                    c.hStream = stream_ptr
-                    err = lib.cuLaunchKernelEx(ctypes.byref(c), function, self._pointers_ptr,
-                                               None)
-                else:
-                    err = lib.cuLaunchKernel(function, gx, gy, gz, bx, by, bz, 0, stream_ptr,
-                                             self._pointers_ptr, None)
-            if err:
-                lib.check(err, "cuLaunchKernelEx" if self.dependent else "cuLaunchKernel")
+            self._driver(stream_ptr, _dims(grid, block), flat)
         elif self.kind == "core":
             key = (grid, block)
             config = self._configs.get(key)
@@ -289,36 +264,50 @@ class SpecializedKernel:
 
 
 class _DriverLaunch:
-    """A launch through the driver made ready: its own parameter block (and launch
-    configuration), filled once, so that a launch is one ctypes call."""
+    """Launches of one kernel through the driver from one parameter block (and, for
+    a dependent kernel, one launch configuration): a kernel's own, refilled at
+    every launch, or a ready launch's, filled once (``flat``). The driver copies
+    both before a launch returns."""
 
-    def __init__(self, kernel, grid, block, flat):
+    def __init__(self, kernel, count, flat=None):
         self._kernel = kernel
-        self._params = np.array(flat, dtype=np.int64)
+        self._params = np.zeros(count, dtype=np.int64)
+        if flat is not None:
+            self._params[:] = flat
         self._pointers = np.arange(self._params.ctypes.data,
-                                   self._params.ctypes.data + 8 * len(flat), 8, dtype=np.uint64)
+                                   self._params.ctypes.data + 8 * count, 8, dtype=np.uint64)
         self._pointers_ptr = int(self._pointers.ctypes.data)
-        self._dims = (tuple(grid) + (1, 1))[:3] + (tuple(block) + (1, 1))[:3]
+        self._lock = threading.Lock()
         self._config = None
         if kernel.dependent:
             self._attribute = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, allowed=1)
-            self._config = _LaunchConfig(*self._dims, attrs=ctypes.addressof(self._attribute),
-                                         numAttrs=1)
-            self._lock = threading.Lock()
+            self._config = _LaunchConfig(attrs=ctypes.addressof(self._attribute), numAttrs=1)
 
-    def __call__(self, stream_ptr):
+    def __call__(self, stream_ptr, dims, flat=None):
+        """Launch on ``stream_ptr`` with grid and block ``dims`` (:func:`_dims`), after
+        filling the parameters with ``flat`` where given."""
         lib = _libcuda()
         function = self._kernel._function_in_current_context(lib)
-        if self._config is None:
-            err = lib.cuLaunchKernel(function, *self._dims, 0, stream_ptr, self._pointers_ptr,
-                                     None)
-        else:
-            with self._lock:  # the stream is the one field that changes
-                self._config.hStream = stream_ptr
-                err = lib.cuLaunchKernelEx(ctypes.byref(self._config), function,
-                                           self._pointers_ptr, None)
+        with self._lock:
+            if flat is not None:
+                self._params[:] = flat
+            config = self._config
+            if config is None:
+                err = lib.cuLaunchKernel(function, *dims, 0, stream_ptr, self._pointers_ptr,
+                                         None)
+            else:
+                (config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX,
+                 config.blockDimY, config.blockDimZ) = dims
+                config.hStream = stream_ptr
+                err = lib.cuLaunchKernelEx(ctypes.byref(config), function, self._pointers_ptr,
+                                           None)
         if err:
-            lib.check(err, "cuLaunchKernel" if self._config is None else "cuLaunchKernelEx")
+            lib.check(err, "cuLaunchKernel" if config is None else "cuLaunchKernelEx")
+
+
+def _dims(grid, block):
+    """Grid and block as the six unsigned ints a launch takes."""
+    return (tuple(grid) + (1, 1))[:3] + (tuple(block) + (1, 1))[:3]
 
 
 def flatten(args):

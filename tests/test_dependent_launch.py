@@ -94,11 +94,9 @@ def _check_launch(call, dependent, function, grid, block, stream, flat):
 
 @pytest.mark.parametrize("dependent", [False, True])
 def test_a_prepared_driver_launch_passes_its_parameters(monkeypatch, dependent):
-    from cupy_dcp.kernels import _launch
-
     kernel, fake = _driver_kernel(monkeypatch, dependent, 1234)
     flat = [7, -1, 2**40, 0]
-    launch = _launch._DriverLaunch(kernel, (5,), (32, 8), flat)
+    launch = kernel.prepare((5,), (32, 8), flat)  # ints flatten to themselves
     launch(99)
     launch(77)
     assert len(fake.calls) == 2
