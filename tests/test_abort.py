@@ -1,14 +1,11 @@
 """The README's launch style, ``mpiexec -n 2 python -m mpi4py script.py``, ends the whole
 job when one rank raises while another waits in the all-to-all: non-zero exit, no hang."""
 
-import subprocess
 import sys
 import textwrap
 import time
 
-import pytest
-
-from _helpers import mpiexec_env
+from _helpers import mpiexec_env, run_bounded
 
 TIMEOUT_S = 120
 PROMPT_S = 60
@@ -33,22 +30,10 @@ SCRIPT = textwrap.dedent("""
 
 def _run_job(argv):
     """``(returncode, stdout, stderr, seconds)``; a job still running after TIMEOUT_S
-    gets SIGTERM (mpiexec then ends its ranks; SIGKILL would orphan them) and fails."""
+    is stopped with its ranks and fails (``run_bounded``)."""
     start = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=mpiexec_env())
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        try:
-            out, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        pytest.fail(f"the job hung: still running after {TIMEOUT_S} s\nstdout:\n{out}\n"
-                    f"stderr:\n{err}")
-    return proc.returncode, out, err, time.monotonic() - start
+    proc = run_bounded(argv, TIMEOUT_S, env=mpiexec_env())
+    return proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start
 
 
 def test_uncaught_exception_on_one_rank_aborts_the_job(mpiexec, tmp_path):
