@@ -10,6 +10,7 @@ import time
 
 from mpi4py import MPI
 
+from ._nccl_end import end_nccl, is_capturing
 from ._staged import staged_allgather, staged_alltoall, staged_reduce_scatter
 
 __all__ = ["Communicator", "as_communicator"]
@@ -55,6 +56,7 @@ class Communicator:
         self.device = device
         self._local_rank = None  # this rank's index within its node, once known
         self._nccl = None
+        self._captured = False  # an NCCL call of ours went into a CUDA graph
 
     @classmethod
     def from_mpi(cls, comm=None, backend="auto", device=None, timeout=None):
@@ -202,6 +204,13 @@ class Communicator:
                     comm.recv(recv_ptr + offset, chunk_bytes, uint8, peer, stream_ptr)
         finally:
             nccl.groupEnd()
+        self._note_capture(stream_ptr)
+
+    def _note_capture(self, stream_ptr):
+        """Remember that a CUDA graph captured an NCCL call of ours: NCCL's destroy and
+        abort then wait for that graph's end (see :mod:`cupy_dcp._nccl_end`)."""
+        if not self._captured and is_capturing(stream_ptr):
+            self._captured = True
 
     def alltoall_host(self, send, recv):
         """Exchange chunk ``r`` of ``send`` with rank ``r``; chunk ``r`` of ``recv`` comes from it.
@@ -317,10 +326,13 @@ class Communicator:
                                f"{self.last_operation or 'an exchange'}: {exc}") from exc
 
     def abort(self):
-        """Abort the NCCL communicator (its pending operations end); it cannot be used again."""
+        """Abort the NCCL communicator (its pending operations end); it cannot be used again.
+
+        Where a CUDA graph captured one of its calls, NCCL finishes the abort only
+        once that graph is destroyed: it then goes on in the background."""
         if self._nccl is not None:
-            self._nccl.abort()
-            self._nccl = None
+            nccl_comm, self._nccl = self._nccl, None
+            end_nccl(nccl_comm, "abort", self._captured)
 
     def allgather_device(self, send_ptr, recv_ptr, count, stream_ptr):
         """NCCL all-gather of ``count`` float32 per rank, on ``stream_ptr``."""
@@ -332,6 +344,7 @@ class Communicator:
 
         comm = self._device_comm()
         comm.allGather(send_ptr, recv_ptr, count, nccl.NCCL_FLOAT32, stream_ptr)
+        self._note_capture(stream_ptr)
 
     def reduce_scatter_device(self, send_ptr, recv_ptr, count, stream_ptr):
         """NCCL reduce-scatter (sum) of float32, ``count`` per rank, on ``stream_ptr``."""
@@ -343,6 +356,7 @@ class Communicator:
 
         comm = self._device_comm()
         comm.reduceScatter(send_ptr, recv_ptr, count, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream_ptr)
+        self._note_capture(stream_ptr)
 
     def _device_comm(self):
         if self._nccl is None:
@@ -351,14 +365,27 @@ class Communicator:
 
     def free(self):
         """Release the cached plans, the NCCL communicator and the MPI duplicate this
-        object owns (collective). Graphs that captured a cached plan must not
-        replay afterwards."""
+        object owns (collective). Graphs that captured a call must not replay
+        afterwards; where one did, NCCL destroys the communicator only once those
+        graphs are destroyed, which then happens in the background (never a hang,
+        whichever goes first)."""
         self.cached_plans.clear()
         if self._nccl is not None:
-            self._nccl.destroy()
-            self._nccl = None
+            nccl_comm, self._nccl = self._nccl, None
+            end_nccl(nccl_comm, "destroy", self._captured)
         if self._owned and self.mpi_comm != MPI.COMM_NULL:
             self.mpi_comm.Free()
+
+    def __del__(self):
+        # Dropped without free(): CuPy would destroy the NCCL communicator as it goes,
+        # on this thread, and hang where a graph that captured it outlives it.
+        nccl_comm = getattr(self, "_nccl", None)
+        if nccl_comm is not None:
+            self._nccl = None
+            try:
+                end_nccl(nccl_comm, "destroy", self._captured)
+            except Exception:  # noqa: BLE001 - nothing may escape a finaliser
+                pass
 
     def __repr__(self):
         return f"Communicator(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r})"
