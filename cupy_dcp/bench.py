@@ -9,6 +9,10 @@ For each token count it times, on the same communicator and in the same run:
 - ``direct``: a :class:`DcpDirectPlan` call (one kernel: tiles pushed into the
   peers' windows over NVLink, each combined once it has arrived; no NCCL),
   where every rank is on one node with peer access;
+- ``bare_push``: where ``direct`` runs, the least one kernel per call can do
+  with its bytes (``cupy_dcp.kernels.bare_push``: 16-byte stores into the
+  peers' windows, a flag per block, a wait; no pack, no combine), at the
+  fastest of a few grids: a bound that ``direct`` cannot beat on this machine;
 
 eagerly (calls launched back to back) and as CUDA-graph replays (a captured
 batch of calls), and reports the median and p90 microseconds per call and the
@@ -30,7 +34,8 @@ from mpi4py import MPI
 from .comm import Communicator
 from .layout import as_dtype, bits_dtype, send_buffer_shape
 
-STRATEGIES = ("raw_alltoall", "cupy_dcp_a2a", "ag_rs", "direct")
+STRATEGIES = ("raw_alltoall", "cupy_dcp_a2a", "ag_rs", "direct", "bare_push")
+BARE_PUSH_GRIDS = (8, 16, 32, 64, 132, 264)  # blocks of 256 threads tried; the fastest is timed
 
 
 def parse_args(argv=None):
@@ -144,17 +149,72 @@ def _gpu_cases(comm, args, B, dtype):
     cases["cupy_dcp_a2a"] = lambda: plan(x, lse, stream=stream)
     cases["ag_rs"] = lambda: agrs(x, lse, stream=stream)
     closers = []
-    if "direct" in args.strategies.split(","):
+    wanted = args.strategies.split(",")
+    if "direct" in wanted or "bare_push" in wanted:
         from .direct import DcpDirectPlan, direct_problem
 
         problem = direct_problem(comm)
         if problem is None:
-            direct = DcpDirectPlan(comm, B, H, D, dtype)
-            cases["direct"] = lambda: direct(x, lse, stream=stream)
-            closers.append(direct.close)
+            if "direct" in wanted:
+                direct = DcpDirectPlan(comm, B, H, D, dtype)
+                cases["direct"] = lambda: direct(x, lse, stream=stream)
+                closers.append(direct.close)
+            if "bare_push" in wanted:
+                cases["bare_push"], close = _bare_push_case(comm, args, B, dtype, stream)
+                closers.append(close)
         else:
-            _say(comm, f"  direct: skipped ({problem})")
+            _say(comm, f"  direct and bare_push: skipped ({problem})")
     return cases, stream, closers
+
+
+def _bare_push_case(comm, args, B, dtype, stream):
+    """``(fn, close)``: a bare push of the bytes a direct call of B tokens pushes, on the
+    windows of a direct plan of its own (never called: it only lends its IPC memory
+    and flags), at the grid of :data:`BARE_PUSH_GRIDS` that times fastest here."""
+    import cupy
+
+    from .direct import DcpDirectPlan
+    from .kernels._arrays import kernel_array
+    from .kernels._launch import DeviceArray
+    from .kernels.bare_push import bare_push_kernel
+    from .layout import lse_pack_dim
+
+    n, H, D = comm.world_size, args.heads, args.head_dim
+    lender = DcpDirectPlan(comm, max(B, 64), H, D, dtype)  # room for 512 flags per peer
+    row_bytes = (D + lse_pack_dim(dtype)) * bits_dtype(dtype).itemsize
+    words = 2 * -(-B * (H // n) * row_bytes // 16)  # a direct call's bytes, in pairs of words
+    windows = lender._windows  # every rank's slots: this rank's share of slot 0 is ours
+    if words * 8 > windows[0].strides[1]:
+        raise RuntimeError("the bare push does not fit its lender's window")
+    rng = np.random.default_rng(comm.rank)
+    src = cupy.asarray(rng.integers(0, 2**63, (n, words), dtype=np.uint64))
+    state = cupy.zeros(2, cupy.int64)
+    dsts = tuple(DeviceArray(w.ptr + comm.rank * w.strides[1], (words,), (8,), np.uint64, lender)
+                 for w in windows)
+    kernel = bare_push_kernel(n)
+    kernel_args = (kernel_array(src, np.uint64), dsts, lender._flags,
+                   kernel_array(state, np.int64), lender._status_arr, comm.rank,
+                   int(lender.timeout * 1e9))
+    max_tiles = (lender._flags[0].shape[0] - n) // n
+
+    def launcher(blocks):
+        ready = kernel.prepare((blocks,), (256,), kernel_args)
+        if ready is None:
+            return lambda: kernel((blocks,), (256,), stream.ptr, kernel_args)
+        return lambda: ready(stream.ptr)
+
+    world = comm.mpi_comm
+    grids = [g for g in BARE_PUSH_GRIDS if g <= max_tiles]
+    times = [_gpu_time(launcher(g), stream, 5, args.calls, True, world)[0] for g in grids]
+    lender.check()  # a wait that ran out (a missing peer) voids every figure
+    best = grids[int(np.argmin(times))]  # the same on every rank: the slowest rank's times
+    _say(comm, f"  B={B:<5} bare_push grid {best} of {grids}")
+
+    def close():
+        lender.check()
+        lender.close()
+
+    return launcher(best), close
 
 
 # --------------------------------------------------------------- host timings

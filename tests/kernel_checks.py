@@ -327,3 +327,40 @@ def check_direct_missing_peer(to_device, to_host, dtype, rng, timeout_ns=50_000_
     assert dead_call < waited - 0.5 * timeout_ns * 1e-9, (dead_call, waited)
     np.testing.assert_array_equal(to_host(ranks.owners[1]), before[0])
     np.testing.assert_array_equal(to_host(ranks.ll_owners[1]), before[1])
+
+
+def check_bare_push(to_device, to_host, n, words, blocks, rng, calls=2, timeout_ns=20_000_000):
+    """The bench's bare push, N ranks played in turn: each call delivers every rank's
+    row for each peer into that peer's window, whole; a rank finds the flags of the
+    ranks that went before it, and its wait for those after it runs out after
+    ``timeout_ns`` (recorded in its status), so the last rank's status stays clear."""
+    from cupy_dcp.kernels._arrays import kernel_array
+    from cupy_dcp.kernels.bare_push import bare_push_kernel
+
+    max_tiles = blocks + 3
+    windows = [to_device(np.zeros((n, words), np.uint64)) for _ in range(n)]
+    flags = [to_device(np.zeros(n + n * max_tiles, np.int64)) for _ in range(n)]
+    states = [to_device(np.zeros(2, np.int64)) for _ in range(n)]
+    kernel = bare_push_kernel(n)
+    for call in range(1, calls + 1):
+        srcs = [rng.integers(0, 2**63, (n, words), dtype=np.uint64) for _ in range(n)]
+        statuses = [to_device(np.zeros(n, np.int64)) for _ in range(n)]
+        for r in range(n):
+            dsts = tuple(kernel_array(w[r], np.uint64) for w in windows)
+            kernel((blocks,), (32,), 0, (
+                kernel_array(to_device(srcs[r]), np.uint64), dsts,
+                tuple(kernel_array(f, np.int64) for f in flags), kernel_array(states[r], np.int64),
+                kernel_array(statuses[r], np.int64), r, timeout_ns))
+        for r in range(n):
+            got = to_host(windows[r])
+            for p in range(n):
+                if p != r:
+                    np.testing.assert_array_equal(got[p], srcs[p][r])  # p's row for r, whole
+            assert not got[r].any(), "a rank wrote into its own row of its window"
+            expect = [1 if p > r else 0 for p in range(n)]  # the later ranks were missing
+            assert list(to_host(statuses[r])) == expect, (call, r, to_host(statuses[r]))
+            assert to_host(states[r])[0] == call and to_host(states[r])[1] == 0
+            mine = to_host(flags[r])[n:].reshape(n, max_tiles)
+            for p in range(n):
+                assert (mine[p, :blocks] == (call if p != r else 0)).all(), (call, r, p, mine)
+                assert not mine[p, blocks:].any()

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from gpu import requires_gpu
-from kernel_checks import DTYPES, check_combine, check_direct, check_direct_missing_peer, check_pack
+from kernel_checks import DTYPES, check_bare_push, check_combine, check_direct, check_direct_missing_peer, check_pack
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -219,3 +219,10 @@ def test_direct_kernels_missing_peer(dtype, b, ll_rows):
     to_device, to_host = cupy_io()
     check_direct_missing_peer(to_device, to_host, dtype, np.random.default_rng(3), b=b,
                               ll_rows=ll_rows)
+
+
+@pytest.mark.parametrize("n, words, blocks", [(2, 2, 1), (2, 4098, 16), (3, 130, 5)])
+def test_bare_push_delivers_every_row_and_bounds_its_wait(n, words, blocks):
+    import cupy
+
+    check_bare_push(cupy.asarray, cupy.asnumpy, n, words, blocks, np.random.default_rng(words))

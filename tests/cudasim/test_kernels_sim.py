@@ -7,7 +7,7 @@ runs this file so; the ordinary suite ignores it (see ``tests/conftest.py``).
 import numpy as np
 import pytest
 
-from kernel_checks import (DTYPES, check_combine, check_direct, check_direct_missing_peer,
+from kernel_checks import (DTYPES, check_bare_push, check_combine, check_direct, check_direct_missing_peer,
                            check_pack)
 
 
@@ -141,3 +141,8 @@ def test_direct_missing_peer(dtype, b, ll_rows):
     # several blocks wait; the simulator is slow, hence the slack
     check_direct_missing_peer(ident, host, dtype, np.random.default_rng(9), timeout_ns=2 * 10**9,
                               b=b, slack_s=20.0, ll_rows=ll_rows)
+
+
+@pytest.mark.parametrize("n, words, blocks", [(2, 2, 1), (2, 34, 3), (3, 130, 2)])
+def test_bare_push_delivers_every_row_and_bounds_its_wait(n, words, blocks):
+    check_bare_push(ident, host, n, words, blocks, np.random.default_rng(words))
