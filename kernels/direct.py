@@ -323,6 +323,11 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         return True
 
     @jit
+    def peer_rank(k, me):
+        """The rank of peer k (0 <= k < N - 1): the ranks in order, this one skipped."""
+        return k + u_one if k >= me else k
+
+    @jit
     def packed_element(src, i, bits, d_count):
         """Element i of a packed row (data, the LSE's bits, then zeros), as uint32."""
         if i < d_count:
@@ -366,7 +371,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         first, count, _, i = tile_cursor(t, tile_rows, rows, tid, u_one)
         while i < (u_n - u_one) * count * chunks:
             k, row, c = ll_cursor(i, first, count, chunks)
-            j = k + u_one if k >= me else k  # the peers, this rank skipped
+            j = peer_rank(k, me)
             b = row // hn
             head = j * hn + row % hn
             src = data[b, head]
@@ -410,7 +415,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         first, count, _, i = tile_cursor(t, tile_rows, rows, tid, u_one)
         while i < (u_n - u_one) * count * chunks:
             k, row, c = ll_cursor(i, first, count, chunks)
-            p = k + u_one if k >= me else k
+            p = peer_rank(k, me)
             words = ll[slot, p, row]
             w = c * u_two
             arrived, a, b = ll_wait(words, w, tag, flags, state, status, p, me, timeout_ns)
@@ -431,7 +436,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         while i < (u_n - u_one) * count:
             k = i // count
             row = first + i % count
-            j = k + u_one if k >= me else k  # the peers, this rank skipped
+            j = peer_rank(k, me)
             b = row // hn
             h = row % hn
             head = j * hn + h
@@ -488,17 +493,17 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
             while base < d_count:
                 for k in range(accumulators):
                     acc[k] = zero
-                # shard p: this rank's own for p == 0, else peer p - 1 or p (this rank skipped)
+                # shard p: this rank's own for p == 0, else peer p - 1's
                 p = u64(0)
                 while p < u_n:  # two shards at a time
                     p1 = min(p + u_one, u_n - u_one)
-                    r1 = p1 - u_one if p1 - u_one < me else p1  # p1 >= 1
+                    r1 = peer_rank(p1 - u_one, me)  # p1 >= 1
                     src1 = window_vals[r1, b, h]
                     if p == u64(0):
                         load_two(first, second, own, src1, base, d_count)
                         w0 = shard_weight(own_lse, m, inv_total, base_e)
                     else:
-                        r0 = p - u_one if p - u_one < me else p
+                        r0 = peer_rank(p - u_one, me)
                         load_two(first, second, window_vals[r0, b, h], src1, base, d_count)
                         w0 = shard_weight(load_lse(low, high, r0), m, inv_total, base_e)
                     w1 = zero
