@@ -35,6 +35,7 @@ from .comm import Communicator
 from .layout import as_dtype, bits_dtype, send_buffer_shape
 
 STRATEGIES = ("raw_alltoall", "cupy_dcp_a2a", "ag_rs", "direct", "bare_push")
+DEFAULT_STRATEGIES = STRATEGIES[:4]  # bare_push on request
 BARE_PUSH_GRIDS = (8, 16, 32, 64, 132, 264)  # blocks of 256 threads tried; the fastest is timed
 
 
@@ -46,7 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--head-dim", type=int, default=512)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--mode", default="graph,eager", help="graph, eager or both (comma-separated)")
-    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
+                   help=f"comma-separated, of {', '.join(STRATEGIES)}")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"])
     p.add_argument("--reps", type=int, default=30, help="timed repetitions (median, p90 over them)")
     p.add_argument("--calls", type=int, default=20, help="calls per repetition (and per graph)")
@@ -164,6 +166,9 @@ def _gpu_cases(comm, args, B, dtype):
                 closers.append(close)
         else:
             _say(comm, f"  direct and bare_push: skipped ({problem})")
+    # the inputs were made on the null stream, the calls go on another: a kernel must
+    # not read an epoch counter (or data) before its zeroing (or copy) has run
+    cupy.cuda.runtime.deviceSynchronize()
     return cases, stream, closers
 
 
@@ -180,7 +185,8 @@ def _bare_push_case(comm, args, B, dtype, stream):
     from .layout import lse_pack_dim
 
     n, H, D = comm.world_size, args.heads, args.head_dim
-    lender = DcpDirectPlan(comm, max(B, 64), H, D, dtype)  # room for 512 flags per peer
+    # room for 512 flags per peer; a wait that runs out voids the figures: a short bound
+    lender = DcpDirectPlan(comm, max(B, 64), H, D, dtype, timeout=2.0)
     row_bytes = (D + lse_pack_dim(dtype)) * bits_dtype(dtype).itemsize
     words = 2 * -(-B * (H // n) * row_bytes // 16)  # a direct call's bytes, in pairs of words
     windows = lender._windows  # every rank's slots: this rank's share of slot 0 is ours
@@ -203,8 +209,14 @@ def _bare_push_case(comm, args, B, dtype, stream):
             return lambda: kernel((blocks,), (256,), stream.ptr, kernel_args)
         return lambda: ready(stream.ptr)
 
+    # made on the null stream: zeroed and copied before the first call reads them (a
+    # call that read a stale epoch would run ahead of its peer's, and time out every call)
+    cupy.cuda.runtime.deviceSynchronize()
     world = comm.mpi_comm
     grids = [g for g in BARE_PUSH_GRIDS if g <= max_tiles]
+    launcher(grids[0])()  # a first call, checked, before anything is timed
+    stream.synchronize()
+    lender.check()
     times = [_gpu_time(launcher(g), stream, 5, args.calls, True, world)[0] for g in grids]
     lender.check()  # a wait that ran out (a missing peer) voids every figure
     best = grids[int(np.argmin(times))]  # the same on every rank: the slowest rank's times
