@@ -11,38 +11,54 @@ the NCCL path printed its result and then never exited.
 So a communicator that may have been captured is ended on a daemon thread,
 which returns once the graphs are gone (or never, if the process ends
 first: its memory goes with the process). One never captured is ended on
-the caller's thread, complete on return.
+the caller's thread, complete on return. While the interpreter shuts down
+no thread may start (before Python 3.12 ``Thread.start`` then blocks for
+ever): a captured communicator is kept, never ended, and goes with the
+process.
 """
 
 import ctypes
+import sys
 import threading
 
 __all__ = ["end_nccl", "is_capturing"]
 
 
 def is_capturing(stream_ptr):
-    """Whether the CUDA stream ``stream_ptr`` is capturing a graph now."""
+    """Whether the CUDA stream ``stream_ptr`` may be capturing a graph now (an error
+    of the query, such as an invalidated capture, counts as yes)."""
     from cupy.cuda import runtime
 
-    return bool(runtime.streamIsCapturing(stream_ptr))
+    try:
+        return bool(runtime.streamIsCapturing(stream_ptr))
+    except Exception:  # noqa: BLE001 - e.g. cudaErrorStreamCaptureInvalidated
+        return True
+
+
+def keep(obj):
+    """Never deallocate ``obj`` (its finaliser could hang): it goes with the process."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
 def end_nccl(nccl_comm, how, captured):
     """Run ``nccl_comm.destroy()`` or ``.abort()`` (``how``); on a daemon thread where a
     graph may have captured the communicator (``captured``).
 
-    Returns the thread, or ``None`` where the call ran here (or, at interpreter
-    shutdown, when no thread can start: the communicator is then kept for the
-    rest of the process rather than destroyed where it could hang).
+    Returns the thread, or ``None`` where the call ran here or, at interpreter
+    shutdown, where the communicator is kept for the rest of the process
+    rather than ended where it could hang.
     """
     end = getattr(nccl_comm, how)
     if not captured:
         end()
         return None
+    if sys.is_finalizing():
+        keep(nccl_comm)
+        return None
     thread = threading.Thread(target=end, name=f"cupy_dcp: NCCL {how}", daemon=True)
     try:
         thread.start()
     except RuntimeError:  # "can't create new thread at interpreter shutdown"
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(nccl_comm))  # never deallocated
+        keep(nccl_comm)
         return None
     return thread

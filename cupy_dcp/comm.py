@@ -6,11 +6,13 @@ as grouped send/recv on the caller's stream. Nothing here knows about
 attention: it moves bytes.
 """
 
+import threading
 import time
 
 from mpi4py import MPI
 
-from ._nccl_end import end_nccl, is_capturing
+from . import _nccl_end
+from ._nccl_end import is_capturing
 from ._staged import staged_allgather, staged_alltoall, staged_reduce_scatter
 
 __all__ = ["Communicator", "as_communicator"]
@@ -57,6 +59,7 @@ class Communicator:
         self._local_rank = None  # this rank's index within its node, once known
         self._nccl = None
         self._captured = False  # an NCCL call of ours went into a CUDA graph
+        self._ending = threading.Lock()  # one of free(), abort(), __del__ ends it
 
     @classmethod
     def from_mpi(cls, comm=None, backend="auto", device=None, timeout=None):
@@ -203,8 +206,10 @@ class Communicator:
                     comm.send(send_ptr + offset, chunk_bytes, uint8, peer, stream_ptr)
                     comm.recv(recv_ptr + offset, chunk_bytes, uint8, peer, stream_ptr)
         finally:
-            nccl.groupEnd()
-        self._note_capture(stream_ptr)
+            try:
+                nccl.groupEnd()
+            finally:
+                self._note_capture(stream_ptr)
 
     def _note_capture(self, stream_ptr):
         """Remember that a CUDA graph captured an NCCL call of ours: NCCL's destroy and
@@ -330,9 +335,18 @@ class Communicator:
 
         Where a CUDA graph captured one of its calls, NCCL finishes the abort only
         once that graph is destroyed: it then goes on in the background."""
-        if self._nccl is not None:
+        self._end_nccl("abort")
+
+    def _end_nccl(self, how):
+        """Take the NCCL communicator (once, whichever thread asks) and end it."""
+        with self._ending:
             nccl_comm, self._nccl = self._nccl, None
-            end_nccl(nccl_comm, "abort", self._captured)
+        if nccl_comm is not None:
+            self._end(nccl_comm, how, self._captured)
+
+    # bound here, so that a finaliser that runs while the module is torn down has it
+    _end = staticmethod(_nccl_end.end_nccl)
+    _keep = staticmethod(_nccl_end.keep)
 
     def allgather_device(self, send_ptr, recv_ptr, count, stream_ptr):
         """NCCL all-gather of ``count`` float32 per rank, on ``stream_ptr``."""
@@ -343,8 +357,10 @@ class Communicator:
         from cupy.cuda import nccl
 
         comm = self._device_comm()
-        comm.allGather(send_ptr, recv_ptr, count, nccl.NCCL_FLOAT32, stream_ptr)
-        self._note_capture(stream_ptr)
+        try:
+            comm.allGather(send_ptr, recv_ptr, count, nccl.NCCL_FLOAT32, stream_ptr)
+        finally:
+            self._note_capture(stream_ptr)
 
     def reduce_scatter_device(self, send_ptr, recv_ptr, count, stream_ptr):
         """NCCL reduce-scatter (sum) of float32, ``count`` per rank, on ``stream_ptr``."""
@@ -355,8 +371,11 @@ class Communicator:
         from cupy.cuda import nccl
 
         comm = self._device_comm()
-        comm.reduceScatter(send_ptr, recv_ptr, count, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream_ptr)
-        self._note_capture(stream_ptr)
+        try:
+            comm.reduceScatter(send_ptr, recv_ptr, count, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+                               stream_ptr)
+        finally:
+            self._note_capture(stream_ptr)
 
     def _device_comm(self):
         if self._nccl is None:
@@ -370,9 +389,7 @@ class Communicator:
         graphs are destroyed, which then happens in the background (never a hang,
         whichever goes first)."""
         self.cached_plans.clear()
-        if self._nccl is not None:
-            nccl_comm, self._nccl = self._nccl, None
-            end_nccl(nccl_comm, "destroy", self._captured)
+        self._end_nccl("destroy")
         if self._owned and self.mpi_comm != MPI.COMM_NULL:
             self.mpi_comm.Free()
 
@@ -380,11 +397,15 @@ class Communicator:
         # Dropped without free(): CuPy would destroy the NCCL communicator as it goes,
         # on this thread, and hang where a graph that captured it outlives it.
         nccl_comm = getattr(self, "_nccl", None)
-        if nccl_comm is not None:
-            self._nccl = None
+        if nccl_comm is None:
+            return
+        self._nccl = None
+        try:
+            self._end(nccl_comm, "destroy", getattr(self, "_captured", True))
+        except Exception:  # noqa: BLE001 - nothing may escape a finaliser
             try:
-                end_nccl(nccl_comm, "destroy", self._captured)
-            except Exception:  # noqa: BLE001 - nothing may escape a finaliser
+                self._keep(nccl_comm)  # never destroyed here, where it could hang
+            except Exception:  # noqa: BLE001
                 pass
 
     def __repr__(self):

@@ -2,7 +2,11 @@
 captured it may outlive it (NCCL's destroy and abort wait for such graphs)."""
 
 import gc
+import subprocess
+import sys
+import textwrap
 import threading
+import types
 
 import pytest
 from mpi4py import MPI
@@ -86,3 +90,103 @@ def test_a_communicator_is_ended_once(monkeypatch):
     del comm
     gc.collect()
     assert not nccl.ended.wait(0.2)
+
+
+class RecordingNccl(StandInNccl):
+    """A stand-in that also takes NCCL calls (and records them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __getattr__(self, name):  # send, recv, allGather, reduceScatter
+        return lambda *args: self.calls.append(name)
+
+
+@pytest.fixture
+def stand_in_cupy_nccl(monkeypatch):
+    """``from cupy.cuda import nccl`` gives a stand-in module (CuPy may be absent)."""
+    nccl = types.ModuleType("cupy.cuda.nccl")
+    nccl.groupStart = nccl.groupEnd = lambda: None
+    nccl.NCCL_UINT8, nccl.NCCL_FLOAT32, nccl.NCCL_SUM = 0, 7, 0
+    cuda = types.ModuleType("cupy.cuda")
+    cuda.nccl = nccl
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = cuda
+    for name, module in (("cupy", cupy), ("cupy.cuda", cuda), ("cupy.cuda.nccl", nccl)):
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda c: c.alltoall_device(0, 0, 8, 5), ["send", "recv"]),
+    (lambda c: c.allgather_device(0, 0, 8, 5), ["allGather"]),
+    (lambda c: c.reduce_scatter_device(0, 0, 8, 5), ["reduceScatter"]),
+], ids=["alltoall", "allgather", "reduce_scatter"])
+@pytest.mark.parametrize("capturing", [True, False, "query fails"])
+def test_every_nccl_call_notes_a_capture(call, names, capturing, stand_in_cupy_nccl, monkeypatch):
+    asked = []
+
+    def query(stream_ptr):
+        asked.append(stream_ptr)
+        if capturing == "query fails":  # as is_capturing answers an invalidated capture
+            return True
+        return capturing
+
+    monkeypatch.setattr(comm_module, "is_capturing", query)
+    comm = cupy_dcp.Communicator.from_mpi(MPI.COMM_SELF)
+    comm.world_size = 2  # one peer to send to (NCCL never learns otherwise)
+    nccl = comm._nccl = RecordingNccl()
+    nccl.release.set()
+    call(comm)
+    assert nccl.calls == names and asked == [5]
+    assert comm._captured is bool(capturing)
+    comm.free()
+    assert nccl.ended.wait(10)
+
+
+def test_a_failed_capture_query_counts_as_captured(monkeypatch):
+    def failing(stream_ptr):
+        raise RuntimeError("cudaErrorStreamCaptureInvalidated")
+
+    runtime = types.SimpleNamespace(streamIsCapturing=failing)
+    cuda = types.ModuleType("cupy.cuda")
+    cuda.runtime = runtime
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = cuda
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
+    monkeypatch.setitem(sys.modules, "cupy.cuda.runtime", runtime)
+    from cupy_dcp._nccl_end import is_capturing
+
+    assert is_capturing(5) is True
+
+
+EXIT_SCRIPT = """
+import threading
+from mpi4py import MPI
+import cupy_dcp
+from cupy_dcp import comm as comm_module
+
+class GraphNeverGoes:  # NCCL's destroy, waiting for a graph that outlives the process
+    def destroy(self):
+        threading.Event().wait()
+    abort = destroy
+
+comm_module.is_capturing = lambda stream_ptr: True
+COMM = cupy_dcp.Communicator.from_mpi(MPI.COMM_SELF)
+COMM._nccl = GraphNeverGoes()
+COMM._note_capture(0)
+if {free}:
+    COMM.free()
+print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("free", [False, True], ids=["kept to the end", "freed"])
+def test_a_process_with_a_captured_communicator_exits(free):
+    """Kept in a global, it meets its end while the interpreter shuts down, when no
+    thread may start (Python 3.11 would block in Thread.start for ever)."""
+    script = textwrap.dedent(EXIT_SCRIPT.format(free=free))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "done", proc.stdout + proc.stderr
