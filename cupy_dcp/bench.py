@@ -9,10 +9,13 @@ For each token count it times, on the same communicator and in the same run:
 - ``direct``: a :class:`DcpDirectPlan` call (one kernel: tiles pushed into the
   peers' windows over NVLink, each combined once it has arrived; no NCCL),
   where every rank is on one node with peer access;
-- ``bare_push``: where ``direct`` runs, the least one kernel per call can do
-  with its bytes (``cupy_dcp.kernels.bare_push``: 16-byte stores into the
-  peers' windows, a flag per block, a wait; no pack, no combine), at the
-  fastest of a few grids: a bound that ``direct`` cannot beat on this machine;
+- ``bare_push`` (on request): where ``direct`` runs, the exchange alone of a
+  direct call's packed rows, in one kernel per call
+  (``cupy_dcp.kernels.bare_push``: 16-byte stores into the peers' windows, a
+  flag per block, a wait; no pack, no combine), at the fastest of a few
+  grids: what ``direct`` spends beyond it is its packing, combine and their
+  synchronisation (at B <= 4 ``direct`` sends word by word instead: twice
+  the bytes, no flag);
 
 eagerly (calls launched back to back) and as CUDA-graph replays (a captured
 batch of calls), and reports the median and p90 microseconds per call and the
@@ -173,7 +176,7 @@ def _gpu_cases(comm, args, B, dtype):
 
 
 def _bare_push_case(comm, args, B, dtype, stream):
-    """``(fn, close)``: a bare push of the bytes a direct call of B tokens pushes, on the
+    """``(fn, close)``: a bare push of the packed rows a direct call of B tokens moves, on the
     windows of a direct plan of its own (never called: it only lends its IPC memory
     and flags), at the grid of :data:`BARE_PUSH_GRIDS` that times fastest here."""
     import cupy
@@ -185,7 +188,8 @@ def _bare_push_case(comm, args, B, dtype, stream):
     from .layout import lse_pack_dim
 
     n, H, D = comm.world_size, args.heads, args.head_dim
-    # room for 512 flags per peer; a wait that runs out voids the figures: a short bound
+    # 64 tokens at least: a flag per block for most grids tried (those that fit are); a
+    # wait that runs out voids the figures: a short bound
     lender = DcpDirectPlan(comm, max(B, 64), H, D, dtype, timeout=2.0)
     row_bytes = (D + lse_pack_dim(dtype)) * bits_dtype(dtype).itemsize
     words = 2 * -(-B * (H // n) * row_bytes // 16)  # a direct call's bytes, in pairs of words
@@ -194,7 +198,8 @@ def _bare_push_case(comm, args, B, dtype, stream):
         raise RuntimeError("the bare push does not fit its lender's window")
     rng = np.random.default_rng(comm.rank)
     src = cupy.asarray(rng.integers(0, 2**63, (n, words), dtype=np.uint64))
-    state = cupy.zeros(2, cupy.int64)
+    with stream:  # zeroed in the calls' order (a stale epoch would run ahead of the peer's)
+        state = cupy.zeros(2, cupy.int64)
     dsts = tuple(DeviceArray(w.ptr + comm.rank * w.strides[1], (words,), (8,), np.uint64, lender)
                  for w in windows)
     kernel = bare_push_kernel(n)
@@ -209,22 +214,35 @@ def _bare_push_case(comm, args, B, dtype, stream):
             return lambda: kernel((blocks,), (256,), stream.ptr, kernel_args)
         return lambda: ready(stream.ptr)
 
-    # made on the null stream: zeroed and copied before the first call reads them (a
-    # call that read a stale epoch would run ahead of its peer's, and time out every call)
-    cupy.cuda.runtime.deviceSynchronize()
+    cupy.cuda.runtime.deviceSynchronize()  # the source copied in before any call
     world = comm.mpi_comm
+
+    def check():
+        """Raise on every rank if a wait ran out on any (a rank raising alone would
+        leave the others waiting for it): that voids every figure."""
+        try:
+            lender.check()
+            problem = None
+        except RuntimeError as exc:
+            problem = str(exc)
+        problems = [p for p in world.allgather(problem) if p]
+        if problems:
+            raise RuntimeError(f"the bare push at B={B} gave up: {'; '.join(problems)}")
+
     grids = [g for g in BARE_PUSH_GRIDS if g <= max_tiles]
     launcher(grids[0])()  # a first call, checked, before anything is timed
     stream.synchronize()
-    lender.check()
+    check()
     times = [_gpu_time(launcher(g), stream, 5, args.calls, True, world)[0] for g in grids]
-    lender.check()  # a wait that ran out (a missing peer) voids every figure
+    check()
     best = grids[int(np.argmin(times))]  # the same on every rank: the slowest rank's times
     _say(comm, f"  B={B:<5} bare_push grid {best} of {grids}")
 
     def close():
-        lender.check()
-        lender.close()
+        try:
+            check()
+        finally:
+            lender.close()  # every rank: they all raised, or none did
 
     return launcher(best), close
 

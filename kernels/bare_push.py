@@ -1,5 +1,5 @@
-"""The bare push: the least that one kernel per call can do to exchange a direct
-call's bytes. A baseline for the bench, not part of any plan.
+"""The bare push: a direct call's packed rows exchanged in one kernel per call, and
+nothing else. A baseline for the bench, not part of any plan.
 
 Every rank stores the bytes it owes each peer (as many as a direct call of the
 same size pushes) into that peer's window, 16 bytes at a time; then each
@@ -10,7 +10,9 @@ waits for every peer's flag of the same block (``ld.acquire.sys``, bounded by
 flags to ``e``; the epoch lives in ``state[0]`` and the last block to arrive
 (``state[1]`` counts them) advances it, as in the direct kernel. What a
 direct call of the same size costs beyond the bare push is what its packing,
-its combine and their synchronisation add.
+its combine and their synchronisation add (a direct call of at most
+``LL_MAX_ROWS`` rows per rank pair goes word by word instead: twice the
+bytes, no flag).
 """
 
 import functools
