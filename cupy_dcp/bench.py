@@ -198,8 +198,7 @@ def _bare_push_case(comm, args, B, dtype, stream):
         raise RuntimeError("the bare push does not fit its lender's window")
     rng = np.random.default_rng(comm.rank)
     src = cupy.asarray(rng.integers(0, 2**63, (n, words), dtype=np.uint64))
-    with stream:  # zeroed in the calls' order (a stale epoch would run ahead of the peer's)
-        state = cupy.zeros(2, cupy.int64)
+    state = cupy.zeros(2, cupy.int64)
     dsts = tuple(DeviceArray(w.ptr + comm.rank * w.strides[1], (words,), (8,), np.uint64, lender)
                  for w in windows)
     kernel = bare_push_kernel(n)
@@ -214,7 +213,9 @@ def _bare_push_case(comm, args, B, dtype, stream):
             return lambda: kernel((blocks,), (256,), stream.ptr, kernel_args)
         return lambda: ready(stream.ptr)
 
-    cupy.cuda.runtime.deviceSynchronize()  # the source copied in before any call
+    # made on the null stream, used on another: the source copied in and the epoch counter
+    # zeroed before any call (a call that read a stale epoch would run ahead of its peer's)
+    cupy.cuda.runtime.deviceSynchronize()
     world = comm.mpi_comm
 
     def check():

@@ -22,10 +22,9 @@ from numba import cuda, types
 
 from ._launch import SpecializedKernel, array_type
 from ._sync import sync_functions
+from .direct import CHECK_EVERY, TIMED_OUT
 
 __all__ = ["bare_push_kernel"]
-
-CHECK_EVERY = 64  # polls between two looks at the clock
 
 
 @functools.cache
@@ -35,7 +34,7 @@ def _bare_push_kernel(n):
                                                         s["store_pair"], s["now_ns"])
     u64 = np.uint64
     u_n, u_two = u64(n), u64(2)
-    timed_out = np.int64(1)
+    timed_out = np.int64(TIMED_OUT)
 
     @cuda.jit
     def bare_push(src, dsts, flags, state, status, self_rank, timeout_ns):
