@@ -101,11 +101,15 @@ def build_math(ftype, jit):
 
 
 def build_bits(jit):
-    """Compile the bfloat16 <-> float32 bit conversions with decorator ``jit``."""
+    """Compile the bfloat16 <-> float32 and float16 -> float32 bit conversions with
+    decorator ``jit``."""
     u32 = np.uint32
     abs_mask, inf_bits, quiet = u32(0x7FFFFFFF), u32(0x7F800000), u32(0x00400000)
     half_minus_one, one_bit = u32(0x7FFF), u32(1)
     sixteen, low16 = u32(16), u32(0xFFFF)
+    f16_sign, f16_top, f16_fraction, f16_lead = u32(0x8000), u32(0x1F), u32(0x3FF), u32(0x400)
+    ten, thirteen, twenty_three = u32(10), u32(13), u32(23)
+    rebias, subnormal_exponent = u32(127 - 15), u32(127 - 14)
 
     @jit
     def bf16_to_f32_bits(bits):
@@ -121,8 +125,28 @@ def build_bits(jit):
         rounding = half_minus_one + ((bits >> sixteen) & one_bit)
         return ((bits + rounding) >> sixteen) & low16
 
+    @jit
+    def f16_to_f32_bits(bits):
+        """float16 bits (the low 16 of any unsigned int) -> float32 bits, exactly
+        (every float16 is a float32; a NaN keeps its payload)."""
+        bits = u32(bits)
+        sign = (bits & f16_sign) << sixteen
+        exponent = (bits >> ten) & f16_top
+        fraction = bits & f16_fraction
+        if exponent == f16_top:  # inf or NaN
+            return sign | inf_bits | (fraction << thirteen)
+        if exponent == u32(0):
+            if fraction == u32(0):
+                return sign
+            exponent = subnormal_exponent  # normalise: 0.f * 2**-14 = 1.g * 2**-(14 + s)
+            while (fraction & f16_lead) == u32(0):
+                fraction = fraction << one_bit
+                exponent -= one_bit
+            return sign | (exponent << twenty_three) | ((fraction & f16_fraction) << thirteen)
+        return sign | ((exponent + rebias) << twenty_three) | (fraction << thirteen)
+
     return SimpleNamespace(bf16_to_f32_bits=bf16_to_f32_bits,
-                           f32_to_bf16_bits=f32_to_bf16_bits)
+                           f32_to_bf16_bits=f32_to_bf16_bits, f16_to_f32_bits=f16_to_f32_bits)
 
 
 def build_mask(jit):

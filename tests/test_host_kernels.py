@@ -208,3 +208,13 @@ def test_bf16_to_f32_bits_round_trips(bits, convert_all):
     np.testing.assert_array_equal(widened[~is_nan], want[~is_nan])
     np.testing.assert_array_equal(convert_all(widened)[~is_nan], every[~is_nan])
     assert np.isnan(convert_all(widened[is_nan]).view(ml_dtypes.bfloat16).astype(np.float32)).all()
+
+
+def test_f16_to_f32_bits_widens_every_float16_exactly(bits):
+    """Every float16 bit pattern: zeros, subnormals, normals, infinities and NaNs (payload
+    kept), as NumPy widens them; only the low 16 bits of the argument count."""
+    every = np.arange(1 << 16, dtype=np.uint32)
+    widened = np.array([bits.f16_to_f32_bits(b | 0xABCD0000) for b in every], dtype=np.uint32)
+    want = every.astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
+    np.testing.assert_array_equal(widened, want)
+    assert np.isnan(widened.view(np.float32)).sum() == 2 * 1023
