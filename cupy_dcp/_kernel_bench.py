@@ -20,7 +20,8 @@ from .layout import as_dtype, bits_dtype, lse_pack_dim
 from .kernels._arrays import dummy_index, kernel_array
 from .kernels.combine import combine_kind, combine_launch
 from .kernels._rows import WARP
-from .kernels.direct import COMBINE, PUSH, STATE_WORDS, WARPS, direct_launch, window_layout
+from .kernels.direct import (COMBINE, PUSH, STATE_WORDS, WARPS, call_kernels, direct_launch,
+                             window_layout)
 from .kernels.pack import pack_launch
 
 SHAPES = [(128, 512), (64, 128)]
@@ -174,10 +175,13 @@ def _direct_round(cupy, stream, args, dtype, B, n=2):
                              dummy_index(), dummy_index(), -1, window_arrs, flag_arrs, ll_arrs,
                              kernel_array(states[r], np.int64),
                              kernel_array(statuses[r], np.int64), kernel_array(outs[r], bits),
-                             None, True, r, 10**9, resident // n, phases)
+                             None, True, r, 10**9, resident[0] // n, phases,
+                             ll_max_blocks=resident[1] // n)
 
-    resident = n  # one block per rank, until the kernel's occupancy is known
-    resident = launch(0)[0].resident_blocks(WARP * WARPS)
+    # every rank's blocks resident at once, in tiles and word by word (each its kernel)
+    resident = [min(k.resident_blocks(WARP * WARPS) for k in call_kernels(dtype, n, bits, D,
+                                                                          word_by_word=w))
+                for w in (False, True)]
     calls = [launch(r) for r in range(n)]
     forks = [cupy.cuda.Event(disable_timing=True) for _ in range(n)]
 

@@ -36,10 +36,10 @@ import os
 
 import numpy as np
 
-from .layout import BFLOAT16, c_strides, lse_pack_dim
+from .layout import c_strides, lse_pack_dim
 from .kernels._launch import DeviceArray
-from .kernels._rows import WARP, lanes_per_row
-from .kernels.direct import (PEER_FAILED, STATE_WORDS, TIMED_OUT, WARPS, direct_kernel,
+from .kernels._rows import WARP
+from .kernels.direct import (PEER_FAILED, STATE_WORDS, TIMED_OUT, WARPS, call_kernels,
                              direct_launch, window_layout)
 from .plan import DcpA2APlan, _Plan, _ready_steps
 from .kernels._arrays import kernel_array
@@ -171,7 +171,8 @@ class DcpDirectPlan(_Plan):
         # rank on this GPU must be resident at once; and every rank must cut a call into
         # the same tiles and blocks: the fewest that any rank can hold.
         sharing = self._addresses.count(self._addresses[comm.rank])
-        self._max_blocks = min(comm.mpi_comm.allgather(max(1, self._resident // sharing)))
+        caps = comm.mpi_comm.allgather([max(1, r // sharing) for r in self._resident])
+        self._max_blocks, self._ll_max_blocks = (min(c) for c in zip(*caps))
         layout = window_layout(n, self.max_tokens, self.local_heads,
                                self.head_dim + lse_pack_dim(self.dtype), self.bits.itemsize)
         nbytes = layout.nbytes
@@ -232,19 +233,16 @@ class DcpDirectPlan(_Plan):
             return
         import cupy
 
-        D = self.head_dim
         runtime = cupy.cuda.runtime
         capability = divmod(int(cupy.cuda.Device(self.comm.device).compute_capability), 10)
         self._dependent = dependent_launch(self._addresses, capability,
                                            runtime.driverGetVersion(), self._pdl)
-        kernels = [direct_kernel(self.dtype, n, self.bits, False, lanes_per_row(D),
-                                 lanes_per_row(D), self._dependent)]
-        if self.bits.itemsize == 2 and D % 2 == 0:  # the usual case: 16-bit data as words
-            pairs = self.dtype == BFLOAT16
-            kernels.append(direct_kernel(self.dtype, n, np.dtype(np.uint32), pairs,
-                                         lanes_per_row(D // 2),
-                                         lanes_per_row(D // 2 if pairs else D), self._dependent))
-        self._resident = min(k.resident_blocks(WARP * WARPS) for k in kernels)
+        # the blocks of WARPS warps that fit at once: of the kernels in tiles and of the
+        # word-by-word ones (each has its own registers)
+        self._resident = [min(k.resident_blocks(WARP * WARPS)
+                              for k in call_kernels(self.dtype, n, self.bits, self.head_dim,
+                                                    self._dependent, word_by_word))
+                          for word_by_word in (False, True)]
 
     def _run(self, tokens, x_bits, lse, mask, result, result_lse, ptr):
         self.check()
@@ -254,7 +252,8 @@ class DcpDirectPlan(_Plan):
         return _ready_steps(direct_launch(
             self.dtype, x_bits, lse, *mask, self._windows, self._flags, self._lls, self._state_arr,
             self._status_arr, result.view(self.bits), result_lse, self.base_e, self.comm.rank,
-            int(self.timeout * 1e9), self._max_blocks, dependent=self._dependent))
+            int(self.timeout * 1e9), self._max_blocks, dependent=self._dependent,
+            ll_max_blocks=self._ll_max_blocks))
 
     def check(self):
         """Raise ``RuntimeError`` if a call of this plan has failed a wait (it reads

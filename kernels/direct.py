@@ -39,18 +39,28 @@ from its input. :func:`tile_grid` picks one of two schedules by the call's size:
   a 2048-token call went from 532 to 431 us).
 
 The smallest calls (no more than ``R`` rows per rank pair: B <= 4 at
-H/N = 64) go *word by word* instead, with no fence and no flag: each uint64
-word of ``ll`` carries 4 bytes of the packed row and, in its high half, the
-call's tag (``e mod (2**32 - 1) + 1``, never 0), and the words are stored two at a time with
-``st.relaxed.sys.v2.b64`` (each word of the pair is single-copy atomic, so a
-reader sees a word whole, old or new). The reader polls each pair of its
-tile until both carry ``e``'s tag, unpacks the payloads into ``slot[e % 2]``
-of its own window, zeroes the pair, and after a barrier combines as above. Every block
-pushes all its tiles before it waits for any, one row or a few per block.
-Twice the bytes cross, for one link latency less (on two H200s, in one
-sweep, a 1-token call went from 8.5 to 7.7 us; from 8 tokens on, the flags
-win). The region's size in rows is the threshold, measured for bf16 at
-D = 512 only.
+H/N = 64, in tiles of at most :data:`LL_TILE_ROWS` rows) go *word by word*
+instead, with no fence and no flag, in a kernel of their own (its registers
+then do not cost the tiled kernel its occupancy): each uint64 word of ``ll``
+carries 4 bytes of the packed row and, in its high half, the call's tag
+(``e mod (2**32 - 1) + 1``, never 0), and the words are stored two at a time
+with ``st.relaxed.sys.v2.b64`` (each word of the pair is single-copy atomic,
+so a reader sees a word whole, old or new). A tile's *items* are its (row,
+pair of words) couples, one per thread and more where a tile has more than
+the block has threads. A thread loads its first item from its input for
+every shard at once (its own slice, and what it sends each peer), stores the
+peers' pairs, polls each peer's pair of the same item until both words carry
+``e``'s tag, and zeroes it. The threads whose pairs hold a row's LSE bits
+note them in shared memory; after one barrier every thread combines its
+first item straight from its registers and stores it. Later items are taken
+after the barrier (their LSEs noted before it, their words read twice). No
+block waits before its pushes, and no memory round trip follows the
+arrival but the stores of the result. Twice the bytes cross, for the link
+latency of a flag and a fence less (on two H200s a 1-token call takes 4.9 us
+against 7.3 us for the kernel that unpacked the words into the slot and then
+combined from there, and 8.1 us for NCCL's raw all-to-all; from 8 tokens on,
+the flags win). The region's size in rows is the threshold, measured for
+bf16 at D = 512 only.
 
 A kernel built ``dependent`` is launched as a programmatic dependent of the
 kernel before it on the stream: it may be scheduled while that kernel ends,
@@ -74,8 +84,9 @@ j's flags of call ``e + 1`` (``>= e + 1``; every call has a tile), or its
 words tagged ``e + 1``: values j stores during its call ``e + 1``, and j's
 stream runs that call only after j's call ``e`` has completed, its reads
 included. So j's reads of call ``e`` are done before r's writes of call
-``e + 2`` begin, whichever way each call went (the unpacked rows of a
-word-by-word call are in ``slot[e % 2]`` too). A flag can already hold
+``e + 2`` begin, whichever way each call went (a word-by-word call writes
+``ll[e % 2]`` alone, and its reads of it are done by then too). A flag can
+already hold
 ``e + 1`` when j waits for ``e``: r then finished call ``e``, whose data (in
 the other slot than call ``e + 1``'s) came before. A word's tag is never
 stale, however long the plan lives: every word a call sends is read, and
@@ -111,8 +122,11 @@ into its own failure flag at every peer (so they fail fast instead of
 waiting), and writes NaN into every row not combined yet (the other blocks
 stop waiting once one has given up). A peer found to have given up at the
 start of a call fails that call at its first wait, on every rank alike, even
-where its flags show tiles it pushed before it gave up. Nothing traps: the
-host reads ``status`` and raises.
+where its flags show tiles (or its words) that it pushed before it gave up.
+That call still pushes to it, into the slot (or word region) of this call,
+which the peer's last call does not read; a dead plan pushes nothing, and
+every peer's next call fails. Nothing traps: the host reads ``status`` and
+raises.
 
 For tests and measurement, ``phases`` can run the push alone (``PUSH``:
 the epoch is not advanced) and then the combine alone (``COMBINE``), which
@@ -130,14 +144,17 @@ from ._device import device_functions
 from ._launch import DeviceArray, SpecializedKernel, array_type
 from ._rows import UNROLL, WARP, lanes_per_row
 from ._sync import sync_functions
-from .combine import _BF16, _BF16X2, RAW, _codecs, combine_kind, row_accumulator
+from .combine import _BF16, _BF16X2, _F16, _F32, RAW, _codecs, combine_kind, row_accumulator
 from .pack import lse_bits_reader, packed_row_writer
 
 __all__ = ["COMBINE", "PUSH", "STATE_WORDS", "TIMED_OUT", "PEER_FAILED", "MIN_TILE_ROWS",
-           "LL_MAX_ROWS", "WindowLayout", "direct_kernel", "direct_launch", "flag_words",
+           "LL_MAX_ROWS", "LL_TILE_ROWS", "WindowLayout", "call_grid", "call_kernels",
+           "direct_kernel",
+           "direct_launch", "flag_words",
            "ll_grid", "ll_rows", "ll_words", "row_stride", "tile_grid", "window_layout"]
 
 STATE_WORDS = 4
+TRACE_STAMPS = 8  # per block and call parity, after ``state``, in a traced kernel
 TIMED_OUT, PEER_FAILED = 1, 2
 PUSH, COMBINE = 1, 2
 WARPS = 8  # per block
@@ -146,6 +163,7 @@ TILES_PER_BLOCK = 32  # tiles a pushing block takes in a large call: the pipelin
 SPLIT_TILE_ROWS = 24  # the fewest rows of a tile in a large call
 PUSH_SHARE = 1 / 3  # of the blocks of a large call, those that only push
 LL_MAX_ROWS = 256  # the most (token, head) rows per rank pair that a call sends word by word
+LL_TILE_ROWS = 16  # the most rows of a word-by-word tile (a block notes their LSEs)
 CHECK_EVERY = 64  # polls between two looks at the clock and the failure flags
 
 
@@ -236,8 +254,22 @@ def tile_grid(rows, max_blocks):
     return per_tile, pushers + min(tiles, max_blocks - pushers), pushers
 
 
+def call_grid(rows, ll_capacity, max_blocks, ll_max_blocks=None):
+    """``(tile_rows, blocks, push_blocks)`` of a call of ``rows`` rows per rank pair:
+    word by word (``push_blocks == -1``, :func:`ll_grid` on ``ll_max_blocks``, by
+    default ``max_blocks``) where the word-by-word region holds ``ll_capacity`` rows
+    or more and a block's tile has no more than :data:`LL_TILE_ROWS`; else behind
+    flags (:func:`tile_grid`)."""
+    if rows <= ll_capacity:
+        tile_rows, blocks = ll_grid(rows, max_blocks if ll_max_blocks is None else ll_max_blocks)
+        if tile_rows <= LL_TILE_ROWS:
+            return tile_rows, blocks, -1
+    return tile_grid(rows, max_blocks)
+
+
 @functools.cache
-def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=UNROLL):
+def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=UNROLL,
+                   trace=False, word_by_word=False):
     f = device_functions()
     s = sync_functions()
     if dependent:  # griddepcontrol: Hopper and later
@@ -262,6 +294,11 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
     clean_lse, finish_max, lse_exp = f["clean_lse"], f["finish_max"], f["lse_exp"]
     inverse_total, global_lse, shard_weight = f["inverse_total"], f["global_lse"], f["shard_weight"]
     zero, neg_inf, nan = f["zero"], f["neg_inf"], float32(np.nan)
+    as_float, f16_to_f32_bits = f["as_float"], f["f16_to_f32_bits"]
+    # output words of two values; of one; float16 values
+    pairs, wide, f16 = kind == _BF16X2, kind == _F32, kind == _F16
+    pay_words = 2 * n  # a (row, pair) item's words: two per shard
+    lse_shape = (LL_TILE_ROWS, n)  # a word-by-word tile's LSE bits, per row and shard
     timed_out, peer_failed, gave_up = np.int64(TIMED_OUT), np.int64(PEER_FAILED), np.int64(-1)
 
     u64 = np.uint64
@@ -270,8 +307,32 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
     u_push_group = u64(push_group)
     u32 = np.uint32
     low32, thirty_two, sixteen, low16 = u64(0xFFFFFFFF), u64(32), u32(16), u32(0xFFFF)
+    high16 = u32(0xFFFF0000)
     per_word = u64(2 if halves else 1)  # push elements per 32-bit word
     jit = cuda.jit(device=True)
+
+    if trace:  # measurement only: each block's first thread notes the clock at milestones
+        @jit
+        def clock():
+            return now_ns()
+
+        @jit
+        def stamp_at(state, epoch, k, value):
+            if cuda.threadIdx.x == 0 and cuda.threadIdx.y == 0:
+                at = ((epoch & 1) * cuda.gridDim.x + cuda.blockIdx.x) * TRACE_STAMPS + k
+                state[STATE_WORDS + at] = value
+    else:
+        @jit
+        def clock():
+            return 0
+
+        @jit
+        def stamp_at(state, epoch, k, value):
+            pass
+
+    @jit
+    def stamp(state, epoch, k):
+        stamp_at(state, epoch, k, clock())
 
     @jit
     def give_up(flags, state, me):
@@ -364,24 +425,66 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         return rest // count, first + rest % count, c
 
     @jit
-    def ll_push_tile(t, tile_rows, rows, data, lse_bits, seq_lens, query_start_loc, num_seqs,
-                     lls, slot, me, hn, d_count, chunks, tag, tid, threads):
-        """Store tile t's rows of every peer's heads into its word-by-word region, 8
-        bytes of the packed row and the tag per word, two words per store; no fence."""
-        first, count, _, i = tile_cursor(t, tile_rows, rows, tid, u_one)
-        while i < (u_n - u_one) * count * chunks:
-            k, row, c = ll_cursor(i, first, count, chunks)
-            j = peer_rank(k, me)
-            b = row // hn
-            head = j * hn + row % hn
-            src = data[b, head]
-            bits = u32(0)
-            if (c + u_one) * u_two * per_word > d_count:  # the LSE may be in this pair
-                bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)
-            w = c * u_two
-            store_pair(lls[j][slot, me, row], w, u64(packed_word(src, w, bits, d_count)) | tag,
-                       u64(packed_word(src, w + u_one, bits, d_count)) | tag)
-            i += threads
+    def packed_pair(src, c, lse_bits, b, head, seq_lens, query_start_loc, num_seqs, d_count):
+        """32-bit words ``2c`` and ``2c + 1`` of the packed row of ``src`` (token b, head)."""
+        bits = u32(0)
+        if (c + u_one) * u_two * per_word > d_count:  # the LSE may be in this pair
+            bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)
+        w = c * u_two
+        return packed_word(src, w, bits, d_count), packed_word(src, w + u_one, bits, d_count)
+
+    @jit
+    def ll_item(i, first, chunks, hn):
+        """Item i of a word-by-word tile from row ``first``: (row in the tile, token,
+        local head, pair of words), pairs fastest."""
+        r = i // chunks
+        return r, (first + r) // hn, (first + r) % hn, i % chunks
+
+    @jit
+    def shard_rank(k, me):
+        """The rank of shard k of a combine: this one for k == 0, then the peers in order."""
+        return me if k == 0 else peer_rank(u64(k - 1), me)
+
+    @jit
+    def load_item(pay, data, lse_bits, seq_lens, query_start_loc, num_seqs, b, h, c, me, hn,
+                  d_count):
+        """Pair c of every shard's packed row (token b, local head h of that shard's
+        rank) from this rank's input into ``pay`` (shard k at ``2k``): its own, and
+        what it sends each peer. Every load is issued before any is used."""
+        for k in range(n):
+            head = shard_rank(k, me) * hn + h
+            a, z = packed_pair(data[b, head], c, lse_bits, b, head, seq_lens, query_start_loc,
+                               num_seqs, d_count)
+            pay[2 * k] = a
+            pay[2 * k + 1] = z
+
+    @jit
+    def send_item(pay, lls, slot, me, row, c, tag):
+        """The loaded pairs to each peer's word-by-word region: 4 bytes of the packed
+        row and the tag per word, two words per store; no fence."""
+        for k in range(1, n):
+            store_pair(lls[peer_rank(u64(k - 1), me)][slot, me, row], c * u_two,
+                       u64(pay[2 * k]) | tag, u64(pay[2 * k + 1]) | tag)
+
+    @jit
+    def take_item(pay, lls, slot, me, row, c, tag, flags, state, status, timeout_ns, consume):
+        """Every peer's pair c of a row into ``pay`` (shard k at ``2k``), once it carries
+        ``tag``; False when a wait failed."""
+        for k in range(1, n):
+            arrived, a, z = ll_take(lls[me], slot, peer_rank(u64(k - 1), me), row, c, tag,
+                                    flags, state, status, me, timeout_ns, consume)
+            if not arrived:
+                return False
+            pay[2 * k] = a
+            pay[2 * k + 1] = z
+        return True
+
+    @jit
+    def note_item(lse_low, lse_high, pay, r, c, me, d_count):
+        """Note the LSE bits that every shard's pair c of row r holds (``pay``)."""
+        for k in range(n):
+            note_lse(lse_low, lse_high, r, shard_rank(k, me), c, pay[2 * k], pay[2 * k + 1],
+                     d_count)
 
     @jit
     def carries(first, second, tag):
@@ -408,26 +511,115 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                 return True, first, second
 
     @jit
-    def ll_receive_tile(t, tile_rows, rows, ll, recv_words, flags, state, status, slot, me, hn,
-                        chunks, tag, timeout_ns, tid, threads):
-        """Wait for every word of tile t from every peer and unpack the payloads into
-        the tile's rows of the receive slot; False when a wait failed."""
-        first, count, _, i = tile_cursor(t, tile_rows, rows, tid, u_one)
-        while i < (u_n - u_one) * count * chunks:
-            k, row, c = ll_cursor(i, first, count, chunks)
-            p = peer_rank(k, me)
-            words = ll[slot, p, row]
-            w = c * u_two
-            arrived, a, b = ll_wait(words, w, tag, flags, state, status, p, me, timeout_ns)
-            if not arrived:
-                return False
-            dst = recv_words[slot, p, row // hn, row % hn]
-            dst[w] = u32(a & low32)
-            dst[w + u_one] = u32(b & low32)
-            words[w] = u64(0)  # consumed: no later call can mistake it for its own
+    def ll_take(ll, slot, p, row, c, tag, flags, state, status, me, timeout_ns, consume):
+        """Peer p's pair c of a row, once it carries ``tag``: ``(arrived, first
+        payload, second)``; ``consume`` zeroes the words (no later call can then mistake
+        them for its own)."""
+        words = ll[slot, p, row]
+        w = c * u_two
+        arrived, a, z = ll_wait(words, w, tag, flags, state, status, p, me, timeout_ns)
+        if arrived and consume:
+            words[w] = u64(0)
             words[w + u_one] = u64(0)
-            i += threads
-        return True
+        return arrived, u32(a & low32), u32(z & low32)
+
+    @jit
+    def note_word(lse_low, lse_high, r, p, w, word, d_count):
+        """Note the halves of the LSE's bits that word w of a packed row holds, if any."""
+        if halves:  # the word holds elements 2w (its low half) and 2w + 1
+            e = w * u_two
+            if e == d_count:
+                lse_low[r, p] = word & low16
+                lse_high[r, p] = word >> sixteen
+            elif e + u_one == d_count:
+                lse_low[r, p] = word >> sixteen
+            elif e == d_count + u_one:
+                lse_high[r, p] = word & low16
+        elif w == d_count:
+            lse_low[r, p] = word & low16
+            lse_high[r, p] = word >> sixteen
+
+    @jit
+    def note_lse(lse_low, lse_high, r, p, c, a, z, d_count):
+        """Note the LSE's bits that pair c (words a, z) of shard p's row r holds."""
+        note_word(lse_low, lse_high, r, p, c * u_two, a, d_count)
+        note_word(lse_low, lse_high, r, p, c * u_two + u_one, z, d_count)
+
+    @jit
+    def noted_lse(lse_low, lse_high, r, p):
+        return as_float(lse_low[r, p] | (lse_high[r, p] << sixteen))
+
+    @jit
+    def value_low(word):
+        """The first (or only) value of a 32-bit payload word, in float32."""
+        if wide:
+            return as_float(word)
+        if f16:
+            return as_float(f16_to_f32_bits(word & low16))
+        return as_float(word << sixteen)
+
+    @jit
+    def value_high(word):
+        """The second value of a 32-bit payload word of 16-bit values."""
+        if f16:
+            return as_float(f16_to_f32_bits(word >> sixteen))
+        return as_float(word & high16)
+
+    @jit
+    def store_word(dst, w, low, high, d_values):
+        """The values of payload word w, rounded once, into the output row."""
+        if pairs:
+            if w * u_two < d_values:
+                dst[w] = encode(low, high)
+        elif wide:
+            if w < d_values:
+                dst[w] = encode(low, low)
+        else:
+            if w * u_two < d_values:
+                dst[w * u_two] = encode(low, low)
+            if w * u_two + u_one < d_values:
+                dst[w * u_two + u_one] = encode(high, high)
+
+    @jit
+    def ll_combine_item(pay, weights, lse_low, lse_high, r, b, h, c, out, out_lse, write_lse,
+                        base_e, me, d_values):
+        """The exact combine of pair c of row r (token b, local head h): every shard's
+        two payload words in ``pay`` (shard k at ``2k``), the LSEs as noted."""
+        own = noted_lse(lse_low, lse_high, r, me)
+        m = clean_lse(own)
+        for p in range(n):
+            if p != me:
+                m = max(m, clean_lse(noted_lse(lse_low, lse_high, r, p)))
+        m = finish_max(m)
+        total = lse_exp(clean_lse(own) - m, base_e)
+        for p in range(n):
+            if p != me:
+                total += lse_exp(clean_lse(noted_lse(lse_low, lse_high, r, p)) - m, base_e)
+        inv_total = inverse_total(total)
+        if write_lse and c == u64(0):
+            out_lse[b, h] = global_lse(total, m, base_e)
+        for k in range(n):  # this rank's own first, then the peers in rank order
+            weights[k] = shard_weight(noted_lse(lse_low, lse_high, r, shard_rank(k, me)), m,
+                                      inv_total, base_e)
+        dst = out[b, h]
+        for q in range(2):
+            low = zero
+            high = zero
+            for k in range(n):
+                if weights[k] != zero:  # a zero weight adds nothing, even NaN
+                    word = pay[2 * k + q]
+                    low += weights[k] * value_low(word)
+                    if not wide:
+                        high += weights[k] * value_high(word)
+            store_word(dst, c * u_two + u64(q), low, high, d_values)
+
+    @jit
+    def ll_nan_item(r, b, h, c, out, out_lse, write_lse, d_values):
+        if write_lse and c == u64(0):
+            out_lse[b, h] = nan
+        dst = out[b, h]
+        store_word(dst, c * u_two, nan, nan, d_values)
+        store_word(dst, c * u_two + u_one, nan, nan, d_values)
 
     @jit
     def push_tile(t, tile_rows, rows, data, lse_bits, seq_lens, query_start_loc, num_seqs,
@@ -516,6 +708,17 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
             i += groups
 
     @jit
+    def arrive(state, epoch, combining, tid, threads):
+        """The block's arrival, once every thread of it has read the epoch: the last
+        block to arrive resets the count and, in a call that combines, advances it."""
+        if tid == threads - u_one:  # the last thread (it has the least work)
+            cuda.threadfence()
+            if cuda.atomic.add(state, 1, 1) == cuda.gridDim.x - 1:  # every block has
+                state[1] = 0
+                if combining:
+                    state[0] = epoch
+
+    @jit
     def push_and_release(t, tile_rows, rows, data, lse_bits, seq_lens, query_start_loc, num_seqs,
                          windows, flags, slot, me, hn, width, d_count, tid, threads, max_tiles,
                          epoch):
@@ -537,6 +740,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                             timeout_ns, doomed):
                 failed[0] = 1
         cuda.syncthreads()  # the polls' acquires, before the block's loads
+        stamp(state, epoch, 4)
         if failed[0] != 0:  # no result: NaN, never stale or partial data
             nan_tile(t, tile_rows, rows, out, out_lse, write_lse, hn, tid, threads // u_group)
         else:
@@ -548,10 +752,14 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
     @cuda.jit
     def direct(phases, data_bits, data, lse_bits, lse, seq_lens, query_start_loc, num_seqs,
                windows, vals, bits, flags, state, status, out, out_lse, write_lse, base_e,
-               self_rank, timeout_ns, tile_rows, push_blocks, lls, recv_words):
+               self_rank, timeout_ns, tile_rows, push_blocks, lls):
+        entered = clock()
         await_predecessor()  # a dependent launch: before the first load of anything
+        awaited = clock()
         me = u64(self_rank)
         epoch = state[0] + 1
+        stamp_at(state, epoch, 0, entered)
+        stamp_at(state, epoch, 1, awaited)
         slot = u64(epoch & 1)
         hn = u64(vals.shape[3])
         rows = u64(data.shape[0]) * hn
@@ -564,6 +772,102 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         tid = u64(cuda.threadIdx.y) * u_warp + u64(cuda.threadIdx.x)
         threads = u64(cuda.blockDim.y) * u_warp
         failed = cuda.shared.array(1, np.int32)
+        block = u64(cuda.blockIdx.x)
+        grid = u64(cuda.gridDim.x)
+        if word_by_word:  # no flag, no fence (a kernel of its own: its registers too)
+            lse_low = cuda.shared.array(lse_shape, np.uint32)
+            lse_high = cuda.shared.array(lse_shape, np.uint32)
+            pay = cuda.local.array(pay_words, np.uint32)  # this thread's first item
+            pay2 = cuda.local.array(pay_words, np.uint32)  # a later one
+            weights = cuda.local.array(n, np.float32)
+            if tid == u64(0):
+                failed[0] = 0
+            cuda.syncthreads()  # nothing is loaded before it: it costs little
+            stamp(state, epoch, 2)
+            release_dependents()  # the next call may start (it waits for this one)
+            dead = load_relaxed(state, 2) != 0  # a dead plan neither pushes nor waits
+            # a peer that gave up before this call fails it on every rank alike (it may
+            # have pushed this call's words before it gave up); the load is issued now,
+            # its value looked at only once this thread has waited
+            peer_flag = np.int64(0)
+            if combining and tid < u_n and tid != me:
+                peer_flag = load_relaxed(flags[me], tid)
+            tag = (u64(epoch) % low32 + u_one) << thirty_two  # never 0, the consumed words
+            chunks = u64(lls[me].shape[3]) // u_two
+            lse_at = push_count * (u_two if halves else u64(4))  # the LSE's first byte
+            lse_first, lse_last = lse_at // u64(8), (lse_at + u64(3)) // u64(8)  # its pairs
+            d_values = u64(out.shape[2]) * (u_two if pairs else u_one)
+            t = block
+            while t < tiles:
+                tile_first = t * u64(tile_rows)
+                items = min(u64(tile_rows), rows - tile_first) * chunks
+                # this thread's first item stays in registers (``pay``) from its loads to
+                # its combine; every load of it is issued before anything waits
+                held = tid < items
+                r, b, h, c = ll_item(tid, tile_first, chunks, hn)
+                if held:
+                    load_item(pay, data_bits, lse_bits, seq_lens, query_start_loc, num_seqs, b,
+                              h, c, me, hn, push_count)
+                if pushing and not dead:  # pushes never wait: no deadlock
+                    if held:
+                        send_item(pay, lls, slot, me, tile_first + r, c, tag)
+                    i = tid + threads
+                    while i < items:
+                        r2, b2, h2, c2 = ll_item(i, tile_first, chunks, hn)
+                        load_item(pay2, data_bits, lse_bits, seq_lens, query_start_loc, num_seqs,
+                                  b2, h2, c2, me, hn, push_count)
+                        send_item(pay2, lls, slot, me, tile_first + r2, c2, tag)
+                        i += threads
+                stamp(state, epoch, 3)
+                if combining and dead:
+                    failed[0] = 1
+                elif combining and held:
+                    if take_item(pay, lls, slot, me, tile_first + r, c, tag, flags, state, status,
+                                 timeout_ns, True):
+                        note_item(lse_low, lse_high, pay, r, c, me, push_count)
+                    else:
+                        failed[0] = 1
+                # the LSEs among this thread's later items: noted now, combined after
+                i = tid + threads
+                while combining and i < items and failed[0] == 0:
+                    r2, b2, h2, c2 = ll_item(i, tile_first, chunks, hn)
+                    if c2 == lse_first or c2 == lse_last:
+                        load_item(pay2, data_bits, lse_bits, seq_lens, query_start_loc, num_seqs,
+                                  b2, h2, c2, me, hn, push_count)
+                        if take_item(pay2, lls, slot, me, tile_first + r2, c2, tag, flags, state,
+                                     status, timeout_ns, False):
+                            note_item(lse_low, lse_high, pay2, r2, c2, me, push_count)
+                        else:
+                            failed[0] = 1
+                    i += threads
+                if peer_flag < 0 and failed[0] == 0:
+                    status[tid] = peer_failed
+                    give_up(flags, state, me)
+                    failed[0] = 1
+                cuda.syncthreads()  # the tile's LSEs noted; every thread has read the epoch
+                if t == block:
+                    arrive(state, epoch, combining, tid, threads)
+                stamp(state, epoch, 4)
+                i = tid
+                while combining and i < items:
+                    if i != tid:  # a later item: its words now
+                        r, b, h, c = ll_item(i, tile_first, chunks, hn)
+                        if failed[0] == 0:
+                            load_item(pay, data_bits, lse_bits, seq_lens, query_start_loc,
+                                      num_seqs, b, h, c, me, hn, push_count)
+                            if not take_item(pay, lls, slot, me, tile_first + r, c, tag, flags, state,
+                                             status, timeout_ns, True):
+                                failed[0] = 1
+                    if failed[0] != 0:  # no result: NaN, never stale or partial data
+                        ll_nan_item(r, b, h, c, out, out_lse, write_lse, d_values)
+                    else:
+                        ll_combine_item(pay, weights, lse_low, lse_high, r, b, h, c, out,
+                                        out_lse, write_lse, base_e, me, d_values)
+                    i += threads
+                cuda.syncthreads()  # the LSEs read, before the next tile notes its own
+                t += grid
+            stamp(state, epoch, 5)
+            return
         acc = cuda.local.array(accumulators, np.float32)
         first = cuda.local.array(unroll, raw)
         second = cuda.local.array(unroll, raw)
@@ -576,51 +880,12 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         if combining and tid < u_n and tid != me:
             doomed = load_relaxed(flags[me], tid) < 0
         cuda.syncthreads()
+        stamp(state, epoch, 2)
         if push_blocks == 0:  # a small call: the next one may start (it waits for this one)
             release_dependents()
-        if tid == threads - u_one:  # the last thread (it has the least work)
-            cuda.threadfence()  # every thread of the block read the epoch, then it arrives
-            if cuda.atomic.add(state, 1, 1) == cuda.gridDim.x - 1:  # every block has
-                state[1] = 0
-                if combining:
-                    state[0] = epoch
-        block = u64(cuda.blockIdx.x)
-        grid = u64(cuda.gridDim.x)
+        arrive(state, epoch, combining, tid, threads)  # every thread has read the epoch
         pushers = u64(push_blocks)
-        if pushers == u64(0) and rows <= u64(lls[me].shape[2]):  # word by word
-            # a peer that gave up before this call fails it at once, as at a first wait
-            if doomed:
-                status[tid] = peer_failed
-                give_up(flags, state, me)
-                failed[0] = 1
-            cuda.syncthreads()
-            tag = (u64(epoch) % low32 + u_one) << thirty_two  # never 0, the consumed words
-            chunks = u64(lls[me].shape[3]) // u_two
-            dead = failed[0] != 0
-            t = block
-            while pushing and not dead and t < tiles:  # pushes never wait: no deadlock
-                ll_push_tile(t, u64(tile_rows), rows, data_bits, lse_bits, seq_lens,
-                             query_start_loc, num_seqs, lls, slot, me, hn, push_count, chunks,
-                             tag, tid, threads)
-                t += grid
-            t = block
-            while combining and t < tiles:
-                if failed[0] == 0:
-                    if not ll_receive_tile(t, u64(tile_rows), rows, lls[me], recv_words, flags,
-                                           state, status, slot, me, hn, chunks, tag,
-                                           timeout_ns, tid, threads):
-                        failed[0] = 1
-                cuda.syncthreads()  # the unpacked rows, before the block reads them
-                if failed[0] != 0:
-                    nan_tile(t, u64(tile_rows), rows, out, out_lse, write_lse, hn, tid,
-                             threads // u_group)
-                else:
-                    combine_tile(t, u64(tile_rows), rows, data, lse, seq_lens, query_start_loc,
-                                 num_seqs, vals, bits, slot, out, out_lse, write_lse, base_e, me,
-                                 hn, tid, threads // u_group, acc, first, second)
-                cuda.syncthreads()  # every thread read ``failed`` before the next tile
-                t += grid
-        elif pushers == u64(0):  # every block pushes a tile one step before it combines it
+        if pushers == u64(0):  # every block pushes a tile one step before it combines it
             t = block
             ahead = t  # the next tile to push
             while t < tiles:
@@ -631,6 +896,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                                      query_start_loc, num_seqs, windows, flags, slot, me, hn,
                                      push_width, push_count, tid, threads, max_tiles, epoch)
                     ahead += grid
+                    stamp(state, epoch, 3)
                 if combining:
                     wait_and_combine(t, u64(tile_rows), rows, data, lse, seq_lens,
                                      query_start_loc, num_seqs, vals, bits, flags, state, status,
@@ -645,6 +911,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                                  query_start_loc, num_seqs, windows, flags, slot, me, hn,
                                  push_width, push_count, tid, threads, max_tiles, epoch)
                 t += pushers
+            stamp(state, epoch, 3)
         else:  # a combining block
             t = block - pushers
             while combining and t < tiles:
@@ -653,18 +920,25 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                                  write_lse, base_e, me, hn, tid, threads, max_tiles, epoch,
                                  timeout_ns, doomed, failed, acc, first, second)
                 t += grid - pushers
+        stamp(state, epoch, 5)
 
     return direct
 
 
 @functools.cache
 def direct_kernel(dtype, n, push_bits, pairs=False, push_group=WARP, group=WARP,
-                  dependent=False):
+                  dependent=False, trace=False, word_by_word=False):
     """The direct kernel for output ``dtype`` (bfloat16 ``pairs``: uint32 words in
     the combine), ``n`` ranks, the push's element bits ``push_bits`` (uint16 or
     uint32) and the push's and combine's lanes per row. ``dependent``: launched as
     a programmatic dependent of the kernel before it on its stream (Hopper and
-    later): it may start while that kernel ends, and lets the next one do so."""
+    later): it may start while that kernel ends, and lets the next one do so.
+    ``word_by_word``: the kernel of the word-by-word calls, else that of the calls
+    in tiles behind flags (the same arguments). ``trace``: for measurement only,
+    each block's first thread stores the global timer at the call's milestones
+    (:data:`TRACE_STAMPS` per block and call parity, after the
+    :data:`STATE_WORDS` of ``state``, which must hold them: see
+    ``cupy_dcp._direct_trace``)."""
     kind, value = combine_kind(dtype, pairs)
     bits = np.dtype(np.uint32 if value.itemsize == 4 else np.uint16)
     i64 = types.int64
@@ -677,28 +951,48 @@ def direct_kernel(dtype, n, push_bits, pairs=False, push_group=WARP, group=WARP,
                 types.UniTuple(flag, n), flag, flag,
                 array_type(value, 3, False), array_type(np.float32, 2, False),
                 i64, i64, i64, i64, i64, i64,
-                types.UniTuple(array_type(np.uint64, 4, True), n),
-                array_type(np.uint32, 5, False))
+                types.UniTuple(array_type(np.uint64, 4, True), n))
     return SpecializedKernel(_direct_kernel(kind, n, push_group, group,
-                                            np.dtype(push_bits).itemsize == 2, dependent),
+                                            np.dtype(push_bits).itemsize == 2, dependent,
+                                            trace=trace, word_by_word=word_by_word),
                              argtypes, dependent=dependent)
+
+
+def call_kernels(dtype, n, bits, head_dim, dependent=False, word_by_word=False):
+    """The kernels that the calls of a plan (output ``dtype``, element ``bits``,
+    ``head_dim``) may launch on one path (``word_by_word`` or in tiles): their
+    residency bounds the grid (``resident_blocks``)."""
+    from ..layout import BFLOAT16
+
+    D = head_dim
+    kernels = [direct_kernel(dtype, n, bits, False, lanes_per_row(D), lanes_per_row(D),
+                             dependent, word_by_word=word_by_word)]
+    if np.dtype(bits).itemsize == 2 and D % 2 == 0:  # the usual case: 16-bit data as words
+        pairs = np.dtype(dtype) == BFLOAT16
+        kernels.append(direct_kernel(dtype, n, np.dtype(np.uint32), pairs, lanes_per_row(D // 2),
+                                     lanes_per_row(D // 2 if pairs else D), dependent,
+                                     word_by_word=word_by_word))
+    return kernels
 
 
 def direct_launch(dtype, data, lse, seq_lens, query_start_loc, num_seqs, windows, flags, lls,
                   state, status, out, out_lse, is_lse_base_on_e, self_rank, timeout_ns,
-                  max_blocks, phases=PUSH | COMBINE, warps=WARPS, dependent=False):
+                  max_blocks, phases=PUSH | COMBINE, warps=WARPS, dependent=False,
+                  ll_max_blocks=None):
     """``(kernel, grid, block, args)`` of one direct call, :class:`DeviceArray`
     arguments in.
 
     ``data``: this rank's ``[B, H, D]`` partials seen as bits (uint16 or
     uint32), ``lse`` its float32 ``[B, H]``; ``windows``: every rank's
-    ``[2, N, max_tokens, H/N, D + P]`` bits view (rows may be padded; each row's
-    stride must hold ``ll_words`` 32-bit words); ``flags``: every rank's int64 flags
-    (:func:`flag_words`); ``lls``: every rank's word-by-word region, uint64
-    ``[2, N, R, ll_words]`` (``R`` rows, may be 0); ``out`` ``[B, H/N, D]`` seen as bits (``None``
-    for ``phases == PUSH``); ``max_blocks``: the most blocks that are sure to be
+    ``[2, N, max_tokens, H/N, D + P]`` bits view (rows may be padded);
+    ``flags``: every rank's int64 flags (:func:`flag_words`); ``lls``: every
+    rank's word-by-word region, uint64 ``[2, N, R, ll_words]`` (``R`` rows, may
+    be 0); ``out`` ``[B, H/N, D]`` seen as bits (``None`` for ``phases ==
+    PUSH``); ``max_blocks`` and ``ll_max_blocks`` (by default the same): the
+    most blocks of the tiled and of the word-by-word kernel that are sure to be
     resident at once beside those of the other ranks on this GPU (blocks of
-    ``warps`` warps); ``dependent``: launch as a programmatic dependent (see
+    ``warps`` warps; :func:`call_grid` picks the kernel); ``dependent``: launch
+    as a programmatic dependent (see
     :func:`direct_kernel`; never where ranks share a GPU: a call's blocks that
     start early could take the places a peer's blocks need). 16-bit data
     moves as uint32 words where the arrays allow, and bfloat16 is combined in pairs.
@@ -727,25 +1021,16 @@ def direct_launch(dtype, data, lse, seq_lens, query_start_loc, num_seqs, windows
     if not write_lse:  # never read: a placeholder of the right type
         out_lse = DeviceArray(out.ptr, (0, 0), (4, 4), np.float32, out.owner)
     rows = data.shape[0] * windows[0].shape[3]
-    if rows <= lls[me].shape[2]:
-        (tile_rows, blocks), push_blocks = ll_grid(rows, max_blocks), 0
-    else:
-        tile_rows, blocks, push_blocks = tile_grid(rows, max_blocks)
-    mine = windows[me]  # its rows as 32-bit words, where word-by-word calls unpack
-    row_bytes = mine.strides[3]
-    if mine.ptr % 4 or row_bytes % 4 or lls[me].shape[3] * 4 > row_bytes:
-        raise ValueError("the window's rows cannot hold the word-by-word region's payloads")
+    tile_rows, blocks, push_blocks = call_grid(rows, lls[me].shape[2], max_blocks, ll_max_blocks)
     for ll in lls:  # stored and loaded 16 bytes at a time: a misaligned pair faults
         if ll.shape[2] and (ll.ptr % 16 or not ll.is_c_contiguous() or ll.shape[3] % 2):
             raise ValueError("a word-by-word region must be C-contiguous, 16-byte aligned, "
                              "with an even number of words per row")
-    recv_words = DeviceArray(mine.ptr, mine.shape[:4] + (row_bytes // 4,),
-                             mine.strides[:4] + (4,), np.uint32, mine.owner)
     kernel = direct_kernel(dtype, n, push_data.dtype, kind == _BF16X2,
                            lanes_per_row(push_data.shape[2]), lanes_per_row(vals_out.shape[2]),
-                           dependent)
+                           dependent, word_by_word=push_blocks < 0)
     return kernel, (blocks,), (WARP, warps), (
         int(phases), push_data, vals_data, lse.view(np.uint32), lse, seq_lens, query_start_loc,
         int(num_seqs), push_windows, vals, bits, tuple(flags), state, status, vals_out, out_lse,
         int(write_lse), int(bool(is_lse_base_on_e)), me, int(timeout_ns), int(tile_rows),
-        int(push_blocks), tuple(lls), recv_words)
+        int(push_blocks), tuple(lls))

@@ -312,12 +312,11 @@ def check_direct_missing_peer(to_device, to_host, dtype, rng, timeout_ns=50_000_
     assert to_host(ranks.state_owners[0])[2] == 1
     assert to_host(ranks.flag_owners[1])[0] == -1, "rank 0 did not tell rank 1"
     assert timeout_ns * 1e-9 <= waited <= 2 * timeout_ns * 1e-9 + slack_s, waited
-    words_before = to_host(ranks.ll_owners[0]).copy()
-    ranks.call(1, xd[1], ld[1], outs[1], lses[1])  # rank 1's call 2, whole: rank 0 gave up
+    # rank 1's call 2, whole: rank 0 gave up before it (though it pushed its own call 2:
+    # word by word, those words are there to be found), so it fails
+    ranks.call(1, xd[1], ld[1], outs[1], lses[1])
     assert np.isnan(to_host(outs[1]).astype(np.float32)).all()
     assert to_host(ranks.status_owners[1]).tolist() == [PEER_FAILED, 0]
-    if rows <= ll_rows:  # word by word: a peer that gave up before the call stops the pushes
-        np.testing.assert_array_equal(to_host(ranks.ll_owners[0]), words_before)
     before = to_host(ranks.owners[1]).copy(), to_host(ranks.ll_owners[1]).copy()
     start = time.monotonic()
     ranks.push(0, xd[0], ld[0])  # rank 0's call 3: dead, pushes nothing, waits for nothing

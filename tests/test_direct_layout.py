@@ -10,9 +10,9 @@ import itertools
 import numpy as np
 import pytest
 
-from cupy_dcp.kernels.direct import (LL_MAX_ROWS, MIN_TILE_ROWS, SPLIT_TILE_ROWS, TILES_PER_BLOCK,
-                                     flag_words, ll_grid, ll_rows, ll_words, row_stride, tile_grid,
-                                     window_layout)
+from cupy_dcp.kernels.direct import (LL_MAX_ROWS, LL_TILE_ROWS, MIN_TILE_ROWS, SPLIT_TILE_ROWS,
+                                     TILES_PER_BLOCK, call_grid, flag_words, ll_grid, ll_rows,
+                                     ll_words, row_stride, tile_grid, window_layout)
 
 
 @pytest.mark.parametrize("n, max_tokens, local_heads", [(2, 1, 1), (2, 7, 3), (4, 33, 16),
@@ -66,6 +66,19 @@ def test_word_by_word_calls(max_tokens, local_heads, max_blocks):
         assert 1 <= blocks <= max_blocks  # every block resident, so none waits for ever
         assert (blocks - 1) * tile_rows < rows <= blocks * tile_rows  # each block has rows
         assert tile_rows == -(-rows // max_blocks)  # spread over as many blocks as allowed
+
+
+@pytest.mark.parametrize("capacity", [0, 16, 256])
+@pytest.mark.parametrize("max_blocks", [1, 3, 66, 264])
+def test_call_grid_sends_small_tiles_word_by_word(capacity, max_blocks):
+    for rows in range(1, 600):
+        tile_rows, blocks, push_blocks = call_grid(rows, capacity, max_blocks)
+        if push_blocks == -1:
+            assert rows <= capacity and tile_rows <= LL_TILE_ROWS
+            assert (tile_rows, blocks) == ll_grid(rows, max_blocks)
+        else:
+            assert rows > capacity or ll_grid(rows, max_blocks)[0] > LL_TILE_ROWS
+            assert (tile_rows, blocks, push_blocks) == tile_grid(rows, max_blocks)
 
 
 @pytest.mark.parametrize("n, max_tokens, local_heads", [(2, 1, 1), (2, 9, 64), (4, 33, 5),

@@ -119,6 +119,18 @@ def test_direct_word_by_word_across_the_tag_wrap():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_direct_word_by_word_with_several_items_per_thread(dtype):
+    """Word-by-word tiles of more (row, pair) items than a block has threads (64): a
+    thread's later items, some of them holding a row's LSE, are taken after its first."""
+    from cupy_dcp.kernels.direct import call_grid, ll_words
+
+    width_bytes = (40 + (1 if dtype.itemsize == 4 else 2)) * dtype.itemsize
+    tile_rows, _, push_blocks = call_grid(4 * 4, 16, 3)
+    assert push_blocks == -1 and tile_rows * ll_words(width_bytes, 1) // 2 > 64
+    check_direct(ident, host, dtype, 2, [4, 3], 8, 40, np.random.default_rng(3), ll_rows=16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_direct_split_schedule(dtype):
     """Calls large enough that some blocks only push and the others only combine,
     between small ones where every block does both."""
