@@ -158,3 +158,52 @@ def test_direct_missing_peer(dtype, b, ll_rows):
 @pytest.mark.parametrize("n, words, blocks", [(2, 2, 1), (2, 34, 3), (3, 130, 2)])
 def test_bare_push_delivers_every_row_and_bounds_its_wait(n, words, blocks):
     check_bare_push(ident, host, n, words, blocks, np.random.default_rng(words))
+
+
+@pytest.mark.parametrize("b, ll_rows", [(1, 16), (6, 0)], ids=["word_by_word", "tiles"])
+def test_direct_trace_notes_each_block_milestones_in_order(monkeypatch, b, ll_rows):
+    """A traced kernel (``cupy_dcp._direct_trace``): every block of the call notes its
+    milestones, in time order, in the call's parity of the enlarged state; the result
+    is still exact."""
+    import functools
+
+    from cupy_dcp import lse_weighted_combine
+    from cupy_dcp._direct_trace import MILESTONES, summarise
+    from cupy_dcp.kernels import direct as kernels
+    from cupy_dcp.kernels._arrays import kernel_array
+    from kernel_checks import DirectRanks, make_inputs
+
+    monkeypatch.setattr(kernels, "direct_kernel",
+                        functools.partial(kernels.direct_kernel, trace=True))
+    n, h, d = 2, 4, 8
+    ranks = DirectRanks(ident, np.dtype(np.float32), n, b, h, d, ll_rows=ll_rows)
+    words = kernels.STATE_WORDS + 2 * 3 * kernels.TRACE_STAMPS  # max_blocks 3
+    for r in range(n):
+        ranks.state_owners[r] = np.zeros(words, np.int64)
+        ranks.states[r] = kernel_array(ranks.state_owners[r], np.int64)
+    xs, ls = make_inputs(np.random.default_rng(2), n, b, h, d, np.dtype(np.float32),
+                         adversarial=False)
+    outs = [np.zeros((b, h // n, d), np.float32) for _ in range(n)]
+    for r in range(n):
+        ranks.push(r, xs[r], ls[r])
+    for r in range(n):
+        ranks.combine(r, xs[r], ls[r], outs[r])
+    _, grid, push_blocks = kernels.call_grid(b * h // n, ll_rows, 3)
+    assert (push_blocks == -1) == (ll_rows > 0) and grid > 1
+    expect = lse_weighted_combine(xs, ls)
+    for r in range(n):
+        np.testing.assert_allclose(outs[r], expect[:, r * (h // n):(r + 1) * (h // n)],
+                                   rtol=1e-5, atol=1e-6)
+        state = ranks.state_owners[r]
+        assert state[0] == 1  # the epoch of the call: its parity is 1
+        # [parity, block, stamp] for this grid; the combine phase notes no pushes
+        stamps = state[kernels.STATE_WORDS:][:2 * grid * kernels.TRACE_STAMPS]
+        stamps = stamps.reshape(2, grid, kernels.TRACE_STAMPS)
+        noted = stamps[1][:, [0, 1, 2, 4, 5]]
+        assert (noted > 0).all() and (np.diff(noted, axis=1) >= 0).all()
+        assert not stamps[0].any() and not state[kernels.STATE_WORDS + stamps.size:].any()
+        line = summarise(stamps[1], grid)  # (the simulator runs the blocks one by one)
+        assert line.startswith(f"{grid} blocks; entry ")
+        assert [part.split()[0] for part in line.split("; ")[1].split(", ")] == \
+            [name for k, name in enumerate(MILESTONES) if stamps[1][:, k].any()]
+        assert len(MILESTONES) <= kernels.TRACE_STAMPS
