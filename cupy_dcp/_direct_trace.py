@@ -97,8 +97,7 @@ def main(argv=None):
             rows = B * (H // world.size)
             tile_rows, grid, _ = kernels.call_grid(rows, plan._lls[world.rank].shape[2],
                                                    plan._max_blocks, plan._ll_max_blocks)
-            calls = noted[kernels.STATE_WORDS:kernels.STATE_WORDS
-                          + 2 * grid * kernels.TRACE_STAMPS].reshape(2, grid, -1)
+            calls = noted[kernels.STATE_WORDS:].reshape(2, most, kernels.TRACE_STAMPS)
             lines = [f"rank {world.rank} B={B}: graph replay {median:.2f} us per call, "
                      f"{grid} blocks of {tile_rows} rows"]
             for name, parity in (("call before last", (epoch - 1) & 1), ("last call", epoch & 1)):

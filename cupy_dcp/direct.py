@@ -171,7 +171,10 @@ class DcpDirectPlan(_Plan):
         # rank on this GPU must be resident at once; and every rank must cut a call into
         # the same tiles and blocks: the fewest that any rank can hold.
         sharing = self._addresses.count(self._addresses[comm.rank])
-        caps = comm.mpi_comm.allgather([max(1, r // sharing) for r in self._resident])
+        # ranks sharing a GPU may run either kernel beside each other: the smaller
+        # residency bounds both then (a block of either fits where the other's could)
+        resident = self._resident if sharing == 1 else [min(self._resident)] * 2
+        caps = comm.mpi_comm.allgather([max(1, r // sharing) for r in resident])
         self._max_blocks, self._ll_max_blocks = (min(c) for c in zip(*caps))
         layout = window_layout(n, self.max_tokens, self.local_heads,
                                self.head_dim + lse_pack_dim(self.dtype), self.bits.itemsize)

@@ -257,9 +257,9 @@ def tile_grid(rows, max_blocks):
 def call_grid(rows, ll_capacity, max_blocks, ll_max_blocks=None):
     """``(tile_rows, blocks, push_blocks)`` of a call of ``rows`` rows per rank pair:
     word by word (``push_blocks == -1``, :func:`ll_grid` on ``ll_max_blocks``, by
-    default ``max_blocks``) where the word-by-word region holds ``ll_capacity`` rows
-    or more and a block's tile has no more than :data:`LL_TILE_ROWS`; else behind
-    flags (:func:`tile_grid`)."""
+    default ``max_blocks``) where the call's rows fit the word-by-word region
+    (``ll_capacity`` rows) and a block's tile has no more than :data:`LL_TILE_ROWS`;
+    else behind flags (:func:`tile_grid`)."""
     if rows <= ll_capacity:
         tile_rows, blocks = ll_grid(rows, max_blocks if ll_max_blocks is None else ll_max_blocks)
         if tile_rows <= LL_TILE_ROWS:
@@ -319,8 +319,10 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         @jit
         def stamp_at(state, epoch, k, value):
             if cuda.threadIdx.x == 0 and cuda.threadIdx.y == 0:
-                at = ((epoch & 1) * cuda.gridDim.x + cuda.blockIdx.x) * TRACE_STAMPS + k
-                state[STATE_WORDS + at] = value
+                blocks = (state.shape[0] - STATE_WORDS) // (2 * TRACE_STAMPS)  # per parity
+                at = ((epoch & 1) * blocks + cuda.blockIdx.x) * TRACE_STAMPS + k
+                if cuda.blockIdx.x < blocks:
+                    state[STATE_WORDS + at] = value
     else:
         @jit
         def clock():
@@ -603,6 +605,9 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                                       inv_total, base_e)
         dst = out[b, h]
         for q in range(2):
+            w = c * u_two + u64(q)
+            if (w if wide else w * u_two) >= d_values:  # the LSE's bits or padding
+                continue
             low = zero
             high = zero
             for k in range(n):
@@ -611,7 +616,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                     low += weights[k] * value_low(word)
                     if not wide:
                         high += weights[k] * value_high(word)
-            store_word(dst, c * u_two + u64(q), low, high, d_values)
+            store_word(dst, w, low, high, d_values)
 
     @jit
     def ll_nan_item(r, b, h, c, out, out_lse, write_lse, d_values):
@@ -866,6 +871,8 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                     i += threads
                 cuda.syncthreads()  # the LSEs read, before the next tile notes its own
                 t += grid
+            if block >= tiles:  # a block without a tile (never in ll_grid's grids) arrives too
+                arrive(state, epoch, combining, tid, threads)
             stamp(state, epoch, 5)
             return
         acc = cuda.local.array(accumulators, np.float32)
@@ -936,8 +943,8 @@ def direct_kernel(dtype, n, push_bits, pairs=False, push_group=WARP, group=WARP,
     ``word_by_word``: the kernel of the word-by-word calls, else that of the calls
     in tiles behind flags (the same arguments). ``trace``: for measurement only,
     each block's first thread stores the global timer at the call's milestones
-    (:data:`TRACE_STAMPS` per block and call parity, after the
-    :data:`STATE_WORDS` of ``state``, which must hold them: see
+    into ``state``, after its :data:`STATE_WORDS`: ``[2][blocks][TRACE_STAMPS]``
+    by call parity, ``blocks`` as many as the rest of ``state`` holds (see
     ``cupy_dcp._direct_trace``)."""
     kind, value = combine_kind(dtype, pairs)
     bits = np.dtype(np.uint32 if value.itemsize == 4 else np.uint16)
@@ -968,10 +975,12 @@ def call_kernels(dtype, n, bits, head_dim, dependent=False, word_by_word=False):
     kernels = [direct_kernel(dtype, n, bits, False, lanes_per_row(D), lanes_per_row(D),
                              dependent, word_by_word=word_by_word)]
     if np.dtype(bits).itemsize == 2 and D % 2 == 0:  # the usual case: 16-bit data as words
-        pairs = np.dtype(dtype) == BFLOAT16
-        kernels.append(direct_kernel(dtype, n, np.dtype(np.uint32), pairs, lanes_per_row(D // 2),
-                                     lanes_per_row(D // 2 if pairs else D), dependent,
-                                     word_by_word=word_by_word))
+        kernels.append(direct_kernel(dtype, n, np.dtype(np.uint32), False, lanes_per_row(D // 2),
+                                     lanes_per_row(D), dependent, word_by_word=word_by_word))
+        if np.dtype(dtype) == BFLOAT16:  # and combined in pairs, where the output allows
+            kernels.append(direct_kernel(dtype, n, np.dtype(np.uint32), True,
+                                         lanes_per_row(D // 2), lanes_per_row(D // 2), dependent,
+                                         word_by_word=word_by_word))
     return kernels
 
 

@@ -162,6 +162,7 @@ class DirectRanks:
         self.flags = tuple(kernel_array(f, np.int64) for f in self.flag_owners)
         self.states = [kernel_array(s, np.int64) for s in self.state_owners]
         self.statuses = [kernel_array(s, np.int64) for s in self.status_owners]
+        self.extra_blocks = 0  # launched beyond the call's grid: blocks without a tile
 
     def _mask(self, mask):
         from cupy_dcp.kernels._arrays import dummy_index, kernel_array
@@ -186,7 +187,7 @@ class DirectRanks:
             None if out is None else kernel_array(out, self.bits),
             None if out_lse is None else kernel_array(out_lse, np.float32), base_e, r,
             self.timeout_ns, self.max_blocks, phases, self.warps)
-        kernel(grid, block, stream_ptr(stream), args)
+        kernel((grid[0] + self.extra_blocks,), block, stream_ptr(stream), args)
 
     def push(self, r, x, lse, mask=None):
         from cupy_dcp.kernels.direct import PUSH

@@ -130,6 +130,30 @@ def test_direct_word_by_word_with_several_items_per_thread(dtype):
     check_direct(ident, host, dtype, 2, [4, 3], 8, 40, np.random.default_rng(3), ll_rows=16)
 
 
+@pytest.mark.parametrize("ll_rows", [16, 0], ids=["word_by_word", "tiles"])
+def test_direct_blocks_without_a_tile_arrive(ll_rows):
+    """A grid with a block more than the call has tiles: that block still counts in
+    the epoch's arrival, so the epoch advances and the count is reset."""
+    from cupy_dcp import lse_weighted_combine
+    from kernel_checks import DirectRanks, make_inputs
+
+    n, h, d, b = 2, 4, 8, 2
+    ranks = DirectRanks(ident, np.dtype(np.float32), n, b, h, d, ll_rows=ll_rows)
+    ranks.extra_blocks = 1
+    xs, ls = make_inputs(np.random.default_rng(4), n, b, h, d, np.dtype(np.float32),
+                         adversarial=False)
+    outs = [np.zeros((b, h // n, d), np.float32) for _ in range(n)]
+    for r in range(n):
+        ranks.push(r, xs[r], ls[r])
+    for r in range(n):
+        ranks.combine(r, xs[r], ls[r], outs[r])
+    expect = lse_weighted_combine(xs, ls)
+    for r in range(n):
+        assert ranks.state_owners[r].tolist() == [1, 0, 0, 0]
+        np.testing.assert_allclose(outs[r], expect[:, r * (h // n):(r + 1) * (h // n)],
+                                   rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_direct_split_schedule(dtype):
     """Calls large enough that some blocks only push and the others only combine,
@@ -196,12 +220,11 @@ def test_direct_trace_notes_each_block_milestones_in_order(monkeypatch, b, ll_ro
                                    rtol=1e-5, atol=1e-6)
         state = ranks.state_owners[r]
         assert state[0] == 1  # the epoch of the call: its parity is 1
-        # [parity, block, stamp] for this grid; the combine phase notes no pushes
-        stamps = state[kernels.STATE_WORDS:][:2 * grid * kernels.TRACE_STAMPS]
-        stamps = stamps.reshape(2, grid, kernels.TRACE_STAMPS)
-        noted = stamps[1][:, [0, 1, 2, 4, 5]]
+        # [parity, block, stamp], room for 3 blocks; the combine phase notes no pushes
+        stamps = state[kernels.STATE_WORDS:].reshape(2, 3, kernels.TRACE_STAMPS)
+        noted = stamps[1, :grid][:, [0, 1, 2, 4, 5]]
         assert (noted > 0).all() and (np.diff(noted, axis=1) >= 0).all()
-        assert not stamps[0].any() and not state[kernels.STATE_WORDS + stamps.size:].any()
+        assert not stamps[0].any() and not stamps[1, grid:].any()
         line = summarise(stamps[1], grid)  # (the simulator runs the blocks one by one)
         assert line.startswith(f"{grid} blocks; entry ")
         assert [part.split()[0] for part in line.split("; ")[1].split(", ")] == \
