@@ -139,7 +139,7 @@ import typing
 import numpy as np
 from numba import cuda, float32, types
 
-from ..layout import c_strides
+from ..layout import BFLOAT16, c_strides
 from ._device import device_functions
 from ._launch import DeviceArray, SpecializedKernel, array_type
 from ._rows import UNROLL, WARP, lanes_per_row
@@ -149,8 +149,7 @@ from .pack import lse_bits_reader, packed_row_writer
 
 __all__ = ["COMBINE", "PUSH", "STATE_WORDS", "TIMED_OUT", "PEER_FAILED", "MIN_TILE_ROWS",
            "LL_MAX_ROWS", "LL_TILE_ROWS", "WindowLayout", "call_grid", "call_kernels",
-           "direct_kernel",
-           "direct_launch", "flag_words",
+           "direct_kernel", "direct_launch", "flag_words",
            "ll_grid", "ll_rows", "ll_words", "row_stride", "tile_grid", "window_layout"]
 
 STATE_WORDS = 4
@@ -418,13 +417,6 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         ``group`` lanes, and the group's first row in the tile."""
         first = t * tile_rows
         return first, min(tile_rows, rows - first), tid % group, tid // group
-
-    @jit
-    def ll_cursor(i, first, count, chunks):
-        """Item i of a word-by-word tile: (peer index k, row, chunk), chunks fastest."""
-        c = i % chunks
-        rest = i // chunks
-        return rest // count, first + rest % count, c
 
     @jit
     def packed_pair(src, c, lse_bits, b, head, seq_lens, query_start_loc, num_seqs, d_count):
@@ -860,8 +852,8 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                         if failed[0] == 0:
                             load_item(pay, data_bits, lse_bits, seq_lens, query_start_loc,
                                       num_seqs, b, h, c, me, hn, push_count)
-                            if not take_item(pay, lls, slot, me, tile_first + r, c, tag, flags, state,
-                                             status, timeout_ns, True):
+                            if not take_item(pay, lls, slot, me, tile_first + r, c, tag, flags,
+                                             state, status, timeout_ns, True):
                                 failed[0] = 1
                     if failed[0] != 0:  # no result: NaN, never stale or partial data
                         ll_nan_item(r, b, h, c, out, out_lse, write_lse, d_values)
@@ -969,8 +961,6 @@ def call_kernels(dtype, n, bits, head_dim, dependent=False, word_by_word=False):
     """The kernels that the calls of a plan (output ``dtype``, element ``bits``,
     ``head_dim``) may launch on one path (``word_by_word`` or in tiles): their
     residency bounds the grid (``resident_blocks``)."""
-    from ..layout import BFLOAT16
-
     D = head_dim
     kernels = [direct_kernel(dtype, n, bits, False, lanes_per_row(D), lanes_per_row(D),
                              dependent, word_by_word=word_by_word)]
