@@ -31,7 +31,10 @@ from its input. :func:`tile_grid` picks one of two schedules by the call's size:
   ``t = blockIdx, blockIdx + grid, ...`` and pushes each one step before it
   combines it (push ``t``, push ``t + grid``, combine ``t``, ...). With a
   tile or two per block, a call is one push, one fence and one flag away
-  from its combine;
+  from its combine. The first push's loads are issued before the block's
+  first barrier, beside those of the plan's state; the block counts its
+  arrival (a fence and an atomic) only once that push is out; and a tile's
+  combine loads its first values with the LSEs, in one memory round trip;
 - *large calls*: blocks ``b < push_blocks`` only push (tiles ``b``,
   ``b + push_blocks``, ...) and never wait; the others only combine, in the
   same order. The link then carries pushes without pause while the
@@ -137,7 +140,7 @@ import functools
 import typing
 
 import numpy as np
-from numba import cuda, float32, types
+from numba import config, cuda, float32, types
 
 from ..layout import BFLOAT16, c_strides
 from ._device import device_functions
@@ -145,7 +148,7 @@ from ._launch import DeviceArray, SpecializedKernel, array_type
 from ._rows import UNROLL, WARP, lanes_per_row
 from ._sync import sync_functions
 from .combine import _BF16, _BF16X2, _F16, _F32, RAW, _codecs, combine_kind, row_accumulator
-from .pack import lse_bits_reader, packed_row_writer
+from .pack import lse_bits_reader, packed_row_steps
 
 __all__ = ["COMBINE", "PUSH", "STATE_WORDS", "TIMED_OUT", "PEER_FAILED", "MIN_TILE_ROWS",
            "LL_MAX_ROWS", "LL_TILE_ROWS", "WindowLayout", "call_grid", "call_kernels",
@@ -157,6 +160,7 @@ TRACE_STAMPS = 8  # per block and call parity, after ``state``, in a traced kern
 TIMED_OUT, PEER_FAILED = 1, 2
 PUSH, COMBINE = 1, 2
 WARPS = 8  # per block
+BLOCKS_PER_SM = 2  # of WARPS warps, that the kernels' registers leave room for (launch bounds)
 MIN_TILE_ROWS = 8  # bounds the flags: a tile has at least this many rows
 TILES_PER_BLOCK = 32  # tiles a pushing block takes in a large call: the pipeline's depth
 SPLIT_TILE_ROWS = 24  # the fewest rows of a tile in a large call
@@ -283,13 +287,14 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                                                  s["store_release"])
     load_pair, store_pair = s["load_pair"], s["store_pair"]
     now_ns, pause = s["now_ns"], s["pause"]
-    write_packed_row = packed_row_writer(push_group)
+    load_step, write_packed_row_from = packed_row_steps(push_group)
     row_lse_bits = lse_bits_reader()
     row_is_empty = f["row_is_empty"]
     accumulators = 2 * unroll
     lse_lanes, load_lse, _, _, encode = _codecs(kind)
     load_two, add_weighted, store_row = row_accumulator(kind, group, unroll)
     raw = RAW[kind]
+    push_raw = np.uint16 if halves else np.uint32  # the pushed elements
     clean_lse, finish_max, lse_exp = f["clean_lse"], f["finish_max"], f["lse_exp"]
     inverse_total, global_lse, shard_weight = f["inverse_total"], f["global_lse"], f["shard_weight"]
     zero, neg_inf, nan = f["zero"], f["neg_inf"], float32(np.nan)
@@ -619,18 +624,41 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         store_word(dst, c * u_two + u_one, nan, nan, d_values)
 
     @jit
-    def push_tile(t, tile_rows, rows, data, lse_bits, seq_lens, query_start_loc, num_seqs,
-                  windows, slot, me, hn, width, d_count, tid, groups):
+    def push_item(t, tile_rows, rows, me, hn, tid):
+        """This thread's first (peer, row) item of pushing tile t: its lane, item
+        index, item count, and the item's peer, token and local head."""
         first, count, lane, i = tile_cursor(t, tile_rows, rows, tid, u_push_group)
-        while i < (u_n - u_one) * count:
-            k = i // count
+        row = first + i % count
+        return lane, i, (u_n - u_one) * count, peer_rank(i // count, me), row // hn, row % hn
+
+    @jit
+    def preload_push(t, tile_rows, rows, data, me, hn, d_count, tid, buf):
+        """Load this thread's first step of its first item of tile t into ``buf``
+        (its loads then need not wait for anything): whether it had one."""
+        lane, i, items, j, b, h = push_item(t, tile_rows, rows, me, hn, tid)
+        if i < items:
+            load_step(data[b, j * hn + h], buf, lane, d_count)
+            return True
+        return False
+
+    @jit
+    def push_tile(t, tile_rows, rows, data, lse_bits, seq_lens, query_start_loc, num_seqs,
+                  windows, slot, me, hn, width, d_count, tid, groups, buf, loaded):
+        """This thread's share of tile t's rows into every peer's window; ``loaded``:
+        ``buf`` holds its first step (:func:`preload_push`)."""
+        lane, i, items, j, b, h = push_item(t, tile_rows, rows, me, hn, tid)
+        count = items // (u_n - u_one)
+        first = t * tile_rows
+        while i < items:
             row = first + i % count
-            j = peer_rank(k, me)
+            j = peer_rank(i // count, me)
             b = row // hn
             h = row % hn
             head = j * hn + h
-            write_packed_row(data[b, head], windows[j][slot, me, b, h], lse_bits, b, head,
-                             seq_lens, query_start_loc, num_seqs, lane, d_count, width)
+            write_packed_row_from(data[b, head], windows[j][slot, me, b, h], lse_bits, b, head,
+                                  seq_lens, query_start_loc, num_seqs, lane, d_count, width,
+                                  buf, loaded)
+            loaded = False
             i += groups
 
     @jit
@@ -662,6 +690,11 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
             head = me * hn + h
             dst = out[b, h]
             own = data[b, head]
+            # the first step's loads of this rank's and the first peer's values go out
+            # with those of the LSEs: one memory round trip, not two
+            load_two(first, second, own, window_vals[peer_rank(u64(0), me), b, h], lane,
+                     d_count)
+            loaded = True
             own_lse = lse[b, head]
             if row_is_empty(np.int64(b), seq_lens, query_start_loc, num_seqs):
                 own_lse = neg_inf
@@ -689,7 +722,9 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                     r1 = peer_rank(p1 - u_one, me)  # p1 >= 1
                     src1 = window_vals[r1, b, h]
                     if p == u64(0):
-                        load_two(first, second, own, src1, base, d_count)
+                        if not loaded:
+                            load_two(first, second, own, src1, base, d_count)
+                        loaded = False
                         w0 = shard_weight(own_lse, m, inv_total, base_e)
                     else:
                         r0 = peer_rank(p - u_one, me)
@@ -718,10 +753,11 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
     @jit
     def push_and_release(t, tile_rows, rows, data, lse_bits, seq_lens, query_start_loc, num_seqs,
                          windows, flags, slot, me, hn, width, d_count, tid, threads, max_tiles,
-                         epoch):
+                         epoch, buf, loaded):
         """Push tile t to every peer, then raise its flag at each."""
         push_tile(t, tile_rows, rows, data, lse_bits, seq_lens, query_start_loc, num_seqs,
-                  windows, slot, me, hn, width, d_count, tid, threads // u_push_group)
+                  windows, slot, me, hn, width, d_count, tid, threads // u_push_group, buf,
+                  loaded)
         cuda.syncthreads()  # the tile's stores, before the flags' release
         if tid < u_n and tid != me:
             store_release(flags[tid], u_n + me * max_tiles + t, epoch)
@@ -746,7 +782,11 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                          threads // u_group, acc, first, second)
         cuda.syncthreads()  # every thread read ``failed`` before the next wait
 
-    @cuda.jit
+    # a block waits for its tiles' pushes: the more blocks resident at once (each with
+    # a tile), the sooner a call ends; the bounds cap the registers to keep them so
+    bounds = {} if config.ENABLE_CUDASIM else {"launch_bounds": (WARP * WARPS, BLOCKS_PER_SM)}
+
+    @cuda.jit(**bounds)
     def direct(phases, data_bits, data, lse_bits, lse, seq_lens, query_start_loc, num_seqs,
                windows, vals, bits, flags, state, status, out, out_lse, write_lse, base_e,
                self_rank, timeout_ns, tile_rows, push_blocks, lls):
@@ -870,6 +910,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         acc = cuda.local.array(accumulators, np.float32)
         first = cuda.local.array(unroll, raw)
         second = cuda.local.array(unroll, raw)
+        buf = cuda.local.array(UNROLL, push_raw)  # a push's first step, loaded early
         if tid == u64(0):  # a fast start only: blocks that fail later tell each other
             failed[0] = load_relaxed(state, 2) != 0
         # a peer that gave up in an earlier call fails this one on every rank alike
@@ -878,13 +919,20 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         doomed = False
         if combining and tid < u_n and tid != me:
             doomed = load_relaxed(flags[me], tid) < 0
+        pushers = u64(push_blocks)
+        small = pushers == u64(0)
+        # a small call's first push loads its data now, beside the state's loads
+        loaded = False
+        if small and pushing and block < tiles:
+            loaded = preload_push(block, u64(tile_rows), rows, data_bits, me, hn, push_count,
+                                  tid, buf)
         cuda.syncthreads()
         stamp(state, epoch, 2)
-        if push_blocks == 0:  # a small call: the next one may start (it waits for this one)
+        if small:  # the next call may start (it waits for this one)
             release_dependents()
-        arrive(state, epoch, combining, tid, threads)  # every thread has read the epoch
-        pushers = u64(push_blocks)
-        if pushers == u64(0):  # every block pushes a tile one step before it combines it
+        else:  # every thread has read the epoch
+            arrive(state, epoch, combining, tid, threads)
+        if small:  # every block pushes a tile one step before it combines it
             t = block
             ahead = t  # the next tile to push
             while t < tiles:
@@ -893,9 +941,13 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                 while pushing and ahead <= t + grid and ahead < tiles and failed[0] == 0:
                     push_and_release(ahead, u64(tile_rows), rows, data_bits, lse_bits, seq_lens,
                                      query_start_loc, num_seqs, windows, flags, slot, me, hn,
-                                     push_width, push_count, tid, threads, max_tiles, epoch)
+                                     push_width, push_count, tid, threads, max_tiles, epoch,
+                                     buf, loaded and ahead == block)
                     ahead += grid
                     stamp(state, epoch, 3)
+                if t == block:  # every thread has read the epoch; arriving (a fence and an
+                    # atomic) once the first pushes are out keeps it off their path
+                    arrive(state, epoch, combining, tid, threads)
                 if combining:
                     wait_and_combine(t, u64(tile_rows), rows, data, lse, seq_lens,
                                      query_start_loc, num_seqs, vals, bits, flags, state, status,
@@ -903,12 +955,15 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                                      max_tiles, epoch, timeout_ns, doomed, failed, acc, first,
                                      second)
                 t += grid
+            if block >= tiles:  # a block without a tile (never in tile_grid's grids)
+                arrive(state, epoch, combining, tid, threads)
         elif block < pushers:  # a pushing block: it never waits
             t = block
             while pushing and t < tiles and failed[0] == 0:
                 push_and_release(t, u64(tile_rows), rows, data_bits, lse_bits, seq_lens,
                                  query_start_loc, num_seqs, windows, flags, slot, me, hn,
-                                 push_width, push_count, tid, threads, max_tiles, epoch)
+                                 push_width, push_count, tid, threads, max_tiles, epoch, buf,
+                                 False)
                 t += pushers
             stamp(state, epoch, 3)
         else:  # a combining block

@@ -43,32 +43,42 @@ def lse_bits_reader():
 
 
 @functools.cache
-def packed_row_writer(group=WARP):
-    """Device function ``write_packed_row(src, dst, lse_bits, b, head, seq_lens,
-    query_start_loc, num_seqs, lane, d_count, width)``: this lane's share of one
-    packed row, ``dst[:D] = src`` and the bits of ``lse_bits[b, head]`` (``-inf``
-    for an empty or padding token ``b``) in ``dst[D:]``, for rows of ``group``
-    lanes.
+def packed_row_steps(group=WARP):
+    """Device functions ``load_step(src, buf, base, d_count)`` (this lane's
+    ``UNROLL`` elements of a row from ``base``, in steps of ``group``, into the
+    local array ``buf``: every load issued before any is used) and
+    ``write_packed_row_from(src, dst, lse_bits, b, head, seq_lens,
+    query_start_loc, num_seqs, lane, d_count, width, buf, loaded)``: this lane's
+    share of one packed row, ``dst[:D] = src`` and the bits of ``lse_bits[b,
+    head]`` (``-inf`` for an empty or padding token ``b``) in ``dst[D:]``, for
+    rows of ``group`` lanes; ``loaded``: ``buf`` already holds the lane's first
+    step (``load_step(src, buf, lane, d_count)``), so its stores need not wait for
+    loads issued here.
 
     Each lane moves ``UNROLL`` elements per step, loading them all before it
     stores any, so that enough loads are in flight to run at memory bandwidth.
-    Shared by the pack kernel and the direct path's push.
     """
     row_lse_bits = lse_bits_reader()
     low16, sixteen = np.uint32(0xFFFF), np.uint32(16)
     u64 = np.uint64
     u_group, u_step, u_one = u64(group), u64(group * UNROLL), u64(1)
+    jit = cuda.jit(device=True)
 
-    @cuda.jit(device=True)
-    def write_packed_row(src, dst, lse_bits, b, head, seq_lens, query_start_loc, num_seqs,
-                         lane, d_count, width):
-        buf = cuda.local.array(UNROLL, dst.dtype)
+    @jit
+    def load_step(src, buf, base, d_count):
+        for k in range(UNROLL):
+            d = base + u64(k) * u_group
+            if d < d_count:
+                buf[k] = src[d]
+
+    @jit
+    def write_packed_row_from(src, dst, lse_bits, b, head, seq_lens, query_start_loc, num_seqs,
+                              lane, d_count, width, buf, loaded):
         base = lane
         while base < d_count:
-            for k in range(UNROLL):  # every load issued before any store
-                d = base + u64(k) * u_group
-                if d < d_count:
-                    buf[k] = src[d]
+            if not loaded:
+                load_step(src, buf, base, d_count)
+            loaded = False
             for k in range(UNROLL):
                 d = base + u64(k) * u_group
                 if d < d_count:
@@ -81,6 +91,23 @@ def packed_row_writer(group=WARP):
             else:
                 dst[d_count] = bits & low16
                 dst[d_count + u_one] = (bits >> sixteen) & low16
+
+    return load_step, write_packed_row_from
+
+
+@functools.cache
+def packed_row_writer(group=WARP):
+    """Device function ``write_packed_row(src, dst, lse_bits, b, head, seq_lens,
+    query_start_loc, num_seqs, lane, d_count, width)``: this lane's share of one
+    packed row (:func:`packed_row_steps`), loaded here. Used by the pack kernel."""
+    write_packed_row_from = packed_row_steps(group)[1]
+
+    @cuda.jit(device=True)
+    def write_packed_row(src, dst, lse_bits, b, head, seq_lens, query_start_loc, num_seqs,
+                         lane, d_count, width):
+        buf = cuda.local.array(UNROLL, dst.dtype)
+        write_packed_row_from(src, dst, lse_bits, b, head, seq_lens, query_start_loc, num_seqs,
+                              lane, d_count, width, buf, False)
 
     return write_packed_row
 
