@@ -10,9 +10,10 @@ import itertools
 import numpy as np
 import pytest
 
-from cupy_dcp.kernels.direct import (LL_MAX_ROWS, LL_TILE_ROWS, MIN_TILE_ROWS, SPLIT_TILE_ROWS,
-                                     TILES_PER_BLOCK, call_grid, flag_words, ll_grid, ll_rows,
-                                     ll_words, row_stride, tile_grid, window_layout)
+from cupy_dcp.kernels.direct import (LL_MAX_ROWS, LL_TILE_ROWS, MIN_TILE_ROWS, SMALL_TILE_ROWS,
+                                     SPLIT_TILE_ROWS, TILES_PER_BLOCK, call_grid, flag_words,
+                                     ll_grid, ll_rows, ll_words, row_stride, tile_grid,
+                                     window_layout)
 
 
 @pytest.mark.parametrize("n, max_tokens, local_heads", [(2, 1, 1), (2, 7, 3), (4, 33, 16),
@@ -29,10 +30,14 @@ def test_every_call_fits_the_flags(n, max_tokens, local_heads, max_blocks):
         assert 1 <= blocks <= max_blocks
         if pushers == 0:  # every block pushes and combines: each has a tile
             assert blocks <= tiles
+            if max_blocks >= 3:  # one tile each, as small as the blocks allow
+                assert blocks == tiles and tile_rows <= SMALL_TILE_ROWS
+                assert (tile_rows == MIN_TILE_ROWS
+                        or rows > max_blocks * (tile_rows - MIN_TILE_ROWS))
             smallest, takers = MIN_TILE_ROWS, blocks
         else:  # some blocks only push, the others only combine: each has a tile
             assert 1 <= pushers < blocks and max(pushers, blocks - pushers) <= tiles
-            assert rows > max_blocks * MIN_TILE_ROWS  # a small call is never split
+            assert rows > max_blocks * SMALL_TILE_ROWS  # a small call is never split
             smallest, takers = SPLIT_TILE_ROWS, pushers
             assert tile_rows >= smallest
         if tile_rows > smallest:  # a large call: a few tiles per block, not more
