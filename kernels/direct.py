@@ -34,10 +34,11 @@ from its input. :func:`tile_grid` picks one of two schedules by the call's size:
   where a rank has fewer than three blocks), a call is one push, one fence
   and one flag away from its combine: the more blocks, the sooner (on two
   H200s, 32 tokens of 64 heads a rank took 16.1 us in 256 blocks of 8 rows,
-  16.3 in 128 of 16, 21.0 in 264 blocks taking two tiles of 4 rows each,
-  and 18.1 split as a large call). The first push's loads are issued before the block's
+  16.3 in 128 of 16, 18.1 split as a large call, and 21.0 in 264 blocks
+  taking two tiles of 4 rows each, with the flags' minimum tile lowered for
+  the measurement). The first push's loads are issued before the block's
   first barrier, beside those of the plan's state; the block counts its
-  arrival (a fence and an atomic) only once that push is out; and a tile's
+  arrival (a fence and an atomic) only once its first pushes are out; and a tile's
   combine loads its first values with the LSEs, in one memory round trip;
 - *large calls*: blocks ``b < push_blocks`` only push (tiles ``b``,
   ``b + push_blocks``, ...) and never wait; the others only combine, in the
@@ -78,8 +79,10 @@ early likewise; a large one does not (its blocks fill the GPU: little to
 overlap). Waits poll :data:`CHECK_EVERY` times before their first look at
 the clock and the failure flags, and as often between two looks.
 
-The last block to have read the epoch advances ``state[0]`` to ``e``, as
-soon as it has read it (the next call reads it only once this one is
+Every block counts its arrival once all its threads have read the epoch
+(a small call's blocks once their first pushes are out, to keep a fence and
+an atomic off their path), and the last block to arrive advances
+``state[0]`` to ``e`` (the next call reads it only once this one is
 complete). The epoch lives in device memory and only the kernel advances it,
 so a call captured in a CUDA graph advances it at every replay, like an
 eager call.
@@ -246,8 +249,10 @@ def tile_grid(rows, max_blocks):
     A small call (a tile of at most :data:`SMALL_TILE_ROWS` rows per block) has
     every block push its tile and combine it (``push_blocks == 0``): the latency
     of one push, fence and flag is all there is; its tiles have the fewest rows
-    (a multiple of :data:`MIN_TILE_ROWS`) that let the blocks hold them all. A
-    larger one splits the blocks: a share (:data:`PUSH_SHARE`) only push, ahead
+    (a multiple of :data:`MIN_TILE_ROWS`) that let the blocks hold them all.
+    On fewer than three blocks (a sliver of a shared GPU) every call is small:
+    each block takes about :data:`TILES_PER_BLOCK` tiles, as large as that
+    needs. A larger call on more blocks splits them: a share (:data:`PUSH_SHARE`) only push, ahead
     of the rest, which only combine; its tiles have at least
     :data:`SPLIT_TILE_ROWS` rows, and a pushing block takes about
     :data:`TILES_PER_BLOCK` of them. (On two H200s, at 64 tokens of 64 heads
@@ -796,7 +801,8 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         cuda.syncthreads()  # every thread read ``failed`` before the next wait
 
     # a block waits for its tiles' pushes: the more blocks resident at once (each with
-    # a tile), the sooner a call ends; the bounds cap the registers to keep them so
+    # a tile), the sooner a call ends; the bounds cap the registers (of either kernel,
+    # traced or not) to keep BLOCKS_PER_SM blocks of at most WARPS warps
     bounds = {} if config.ENABLE_CUDASIM else {"launch_bounds": (WARP * WARPS, BLOCKS_PER_SM)}
 
     @cuda.jit(**bounds)
@@ -968,7 +974,8 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                                      max_tiles, epoch, timeout_ns, doomed, failed, acc, first,
                                      second)
                 t += grid
-            if block >= tiles:  # a block without a tile (never in tile_grid's grids)
+            if block >= tiles:  # a block without a tile (tile_grid's grids have none but
+                # for a call of no rows, which the plan never launches)
                 arrive(state, epoch, combining, tid, threads)
         elif block < pushers:  # a pushing block: it never waits
             t = block
@@ -1058,12 +1065,16 @@ def direct_launch(dtype, data, lse, seq_lens, query_start_loc, num_seqs, windows
     PUSH``); ``max_blocks`` and ``ll_max_blocks`` (by default the same): the
     most blocks of the tiled and of the word-by-word kernel that are sure to be
     resident at once beside those of the other ranks on this GPU (blocks of
-    ``warps`` warps; :func:`call_grid` picks the kernel); ``dependent``: launch
+    ``warps`` warps, at most :data:`WARPS`: the kernels' launch bounds;
+    :func:`call_grid` picks the kernel); ``dependent``: launch
     as a programmatic dependent (see
     :func:`direct_kernel`; never where ranks share a GPU: a call's blocks that
     start early could take the places a peer's blocks need). 16-bit data
     moves as uint32 words where the arrays allow, and bfloat16 is combined in pairs.
     """
+    if not 1 <= warps <= WARPS:  # the launch would fail, less clearly
+        raise ValueError(f"a direct call's blocks have 1 to {WARPS} warps (got {warps}): "
+                         "the kernels are built for no more")
     kind, value = combine_kind(dtype)
     n = len(windows)
     me = int(self_rank)

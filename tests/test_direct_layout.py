@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from cupy_dcp.kernels.direct import (LL_MAX_ROWS, LL_TILE_ROWS, MIN_TILE_ROWS, SMALL_TILE_ROWS,
-                                     SPLIT_TILE_ROWS, TILES_PER_BLOCK, call_grid, flag_words,
-                                     ll_grid, ll_rows, ll_words, row_stride, tile_grid,
-                                     window_layout)
+                                     SPLIT_TILE_ROWS, TILES_PER_BLOCK, WARPS, call_grid,
+                                     direct_launch, flag_words, ll_grid, ll_rows, ll_words,
+                                     row_stride, tile_grid, window_layout)
 
 
 @pytest.mark.parametrize("n, max_tokens, local_heads", [(2, 1, 1), (2, 7, 3), (4, 33, 16),
@@ -40,7 +40,7 @@ def test_every_call_fits_the_flags(n, max_tokens, local_heads, max_blocks):
             assert rows > max_blocks * SMALL_TILE_ROWS  # a small call is never split
             smallest, takers = SPLIT_TILE_ROWS, pushers
             assert tile_rows >= smallest
-        if tile_rows > smallest:  # a large call: a few tiles per block, not more
+        if tile_rows > smallest:  # a few tiles per block, not more
             assert tiles <= takers * TILES_PER_BLOCK
         # the tiles cover the rows exactly once
         assert (tiles - 1) * tile_rows < rows <= tiles * tile_rows
@@ -121,3 +121,11 @@ def test_window_layout_in_bytes():
     assert (layout.flag_words, layout.slots_offset, layout.ll_offset, layout.nbytes) == (
         88, 1024, 1024 + 2 * 4 * 33 * 5 * 2176, 2873344 + 8 * 2 * 4 * 165 * 514)
     assert layout.ll_shape == (2, 4, 165, 514)
+
+
+@pytest.mark.parametrize("warps", [0, WARPS + 1, 4 * WARPS])
+def test_direct_blocks_have_no_more_warps_than_the_kernels_are_built_for(warps):
+    """The kernels' launch bounds cap a block at WARPS warps: a larger block is refused
+    with a clear error before anything is launched."""
+    with pytest.raises(ValueError, match=f"1 to {WARPS} warps"):
+        direct_launch(np.float32, *([None] * 16), warps=warps)

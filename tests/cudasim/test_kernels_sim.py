@@ -148,6 +148,15 @@ def _one_exact_float32_call(ranks, n, b, h, d, rng):
                                    rtol=1e-5, atol=1e-6)
 
 
+def test_direct_rows_of_several_steps():
+    """Rows that a lane group moves in two steps (float32 D = 300: 32 lanes of 8
+    each a step), in tiles of several rows per group: each thread's first step of
+    its first row is loaded before the block's first barrier and its first combine
+    values with the LSEs; every later step and row loads its own."""
+    check_direct(ident, host, np.dtype(np.float32), 2, [4, 6, 3], 8, 300,
+                 np.random.default_rng(300), ll_rows=0)
+
+
 @pytest.mark.parametrize("ll_rows", [16, 0], ids=["word_by_word", "tiles"])
 def test_direct_blocks_without_a_tile_arrive(ll_rows):
     """A grid with a block more than the call has tiles: that block still counts in
