@@ -258,18 +258,18 @@ def tile_grid(rows, max_blocks):
     :data:`TILES_PER_BLOCK` of them. (On two H200s, at 64 tokens of 64 heads
     a rank, one tile of 16 rows per block took 25.1 us and the split 27.4.)
     """
+    def tile_rows(takers, fewest=MIN_TILE_ROWS):  # rows a tile for ``takers`` tiles or fewer
+        return max(fewest, -(-rows // (takers * MIN_TILE_ROWS)) * MIN_TILE_ROWS)
+
     if max_blocks >= 3 and rows <= max_blocks * SMALL_TILE_ROWS:
-        per_tile = -(-rows // max_blocks)
-        per_tile = max(MIN_TILE_ROWS, -(-per_tile // MIN_TILE_ROWS) * MIN_TILE_ROWS)
+        per_tile = tile_rows(max_blocks)
         return per_tile, max(1, -(-rows // per_tile)), 0
     if max_blocks < 3:  # a sliver of a GPU: every block takes many tiles
-        per_tile = -(-rows // (max_blocks * TILES_PER_BLOCK))
-        per_tile = max(MIN_TILE_ROWS, -(-per_tile // MIN_TILE_ROWS) * MIN_TILE_ROWS)
+        per_tile = tile_rows(max_blocks * TILES_PER_BLOCK)
         tiles = -(-rows // per_tile)
         return per_tile, max(1, min(tiles, max_blocks)), 0
     pushers = max(1, int(max_blocks * PUSH_SHARE))
-    per_tile = -(-rows // (pushers * TILES_PER_BLOCK))
-    per_tile = max(SPLIT_TILE_ROWS, -(-per_tile // MIN_TILE_ROWS) * MIN_TILE_ROWS)
+    per_tile = tile_rows(pushers * TILES_PER_BLOCK, SPLIT_TILE_ROWS)
     tiles = -(-rows // per_tile)
     pushers = min(tiles, pushers)
     return per_tile, pushers + min(tiles, max_blocks - pushers), pushers
