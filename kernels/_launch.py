@@ -80,6 +80,17 @@ class DeviceArray:
         return DeviceArray(self.ptr, self.shape[:-1] + (self.shape[-1] // 2,),
                            self.strides[:-1] + (4,), np.uint32, self.owner)
 
+    def rows_aligned(self, alignment):
+        """Does every row (the last axis) start on an ``alignment``-byte boundary and
+        run contiguously? (Axes of extent 1 impose nothing.)"""
+        if not self.shape:
+            return False
+        if self.shape[-1] > 1 and self.strides[-1] != self.dtype.itemsize:
+            return False
+        return self.ptr % alignment == 0 and all(
+            stride % alignment == 0
+            for extent, stride in zip(self.shape[:-1], self.strides[:-1]) if extent > 1)
+
     def abi(self):
         """The Numba kernel ABI of this array: a tuple of ints."""
         return (0, 0, self.size, self.dtype.itemsize, self.ptr) + self.shape + self.strides

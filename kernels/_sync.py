@@ -83,18 +83,21 @@ def _simulated():
                 launch_dependents=grid_dependency_wait)
 
 
+def element_pointer(context, builder, array_type, array, index, index_type):
+    """In an intrinsic's code generation: the pointer to ``array[index]`` (1-d)."""
+    from numba.core import cgutils
+
+    array = context.make_array(array_type)(context, builder, value=array)
+    index = context.cast(builder, index, index_type, types.intp)
+    return cgutils.get_item_pointer(context, builder, array_type, array, [index],
+                                    wraparound=False)
+
+
 def _compiled():
     from llvmlite import ir
-    from numba.core import cgutils
     from numba.cuda.extending import intrinsic
 
     i64 = ir.IntType(64)
-
-    def element_pointer(context, builder, array_type, array, index, index_type):
-        array = context.make_array(array_type)(context, builder, value=array)
-        index = context.cast(builder, index, index_type, types.intp)
-        return cgutils.get_item_pointer(context, builder, array_type, array, [index],
-                                        wraparound=False)
 
     def check(array):
         if not (isinstance(array, types.Array) and array.ndim == 1

@@ -20,7 +20,8 @@ A call of B tokens has ``B * H/N`` rows per rank pair, cut into tiles of
 ``tile_rows`` consecutive (token, head) rows (the same cut on every rank: it
 depends on B alone). Call ``e`` (``e = state[0] + 1``) uses slot ``e % 2``.
 Pushing tile ``t`` means: for every peer j, the tile's packed rows of j's
-heads go straight into ``window_j.slot[e % 2][r]``; after a barrier, thread
+heads go straight into ``window_j.slot[e % 2][r]`` (16 bytes a store where
+the rows allow, see :func:`direct_launch`); after a barrier, thread
 j stores ``e`` into j's flag of (r, t) with ``st.release.sys``. Combining it
 means: thread p polls this rank's flag of (p, t) for ``>= e`` with
 ``ld.acquire.sys`` (for at most ``timeout_ns``); after a barrier the block
@@ -154,6 +155,7 @@ from ._device import device_functions
 from ._launch import DeviceArray, SpecializedKernel, array_type
 from ._rows import UNROLL, WARP, lanes_per_row
 from ._sync import sync_functions
+from ._vector import QUAD
 from .combine import _BF16, _BF16X2, _F16, _F32, RAW, _codecs, combine_kind, row_accumulator
 from .pack import lse_bits_reader, packed_row_steps
 
@@ -305,7 +307,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                                                  s["store_release"])
     load_pair, store_pair = s["load_pair"], s["store_pair"]
     now_ns, pause = s["now_ns"], s["pause"]
-    load_step, write_packed_row_from = packed_row_steps(push_group)
+    load_first_step, write_packed_row_from = packed_row_steps(push_group, quads=not halves)
     row_lse_bits = lse_bits_reader()
     row_is_empty = f["row_is_empty"]
     accumulators = 2 * unroll
@@ -650,20 +652,21 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         return lane, i, (u_n - u_one) * count, peer_rank(i // count, me), row // hn, row % hn
 
     @jit
-    def preload_push(t, tile_rows, rows, data, me, hn, d_count, tid, buf):
+    def preload_push(t, tile_rows, rows, data, me, hn, d_count, tid, buf, vector):
         """Load this thread's first step of its first item of tile t into ``buf``
         (its loads then need not wait for anything): whether it had one."""
         lane, i, items, j, b, h = push_item(t, tile_rows, rows, me, hn, tid)
         if i < items:
-            load_step(data[b, j * hn + h], buf, lane, d_count)
+            load_first_step(data[b, j * hn + h], buf, lane, d_count, vector)
             return True
         return False
 
     @jit
     def push_tile(t, tile_rows, rows, data, lse_bits, seq_lens, query_start_loc, num_seqs,
-                  windows, slot, me, hn, width, d_count, tid, groups, buf, loaded):
+                  windows, slot, me, hn, width, d_count, tid, groups, buf, loaded, vector):
         """This thread's share of tile t's rows into every peer's window; ``loaded``:
-        ``buf`` holds its first step (:func:`preload_push`)."""
+        ``buf`` holds its first step (:func:`preload_push`); ``vector``: in 16-byte
+        quads (``packed_row_steps``)."""
         lane, i, items, j, b, h = push_item(t, tile_rows, rows, me, hn, tid)
         count = items // (u_n - u_one)
         first = t * tile_rows
@@ -675,7 +678,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
             head = j * hn + h
             write_packed_row_from(data[b, head], windows[j][slot, me, b, h], lse_bits, b, head,
                                   seq_lens, query_start_loc, num_seqs, lane, d_count, width,
-                                  buf, loaded)
+                                  buf, loaded, vector)
             loaded = False
             i += groups
 
@@ -771,11 +774,11 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
     @jit
     def push_and_release(t, tile_rows, rows, data, lse_bits, seq_lens, query_start_loc, num_seqs,
                          windows, flags, slot, me, hn, width, d_count, tid, threads, max_tiles,
-                         epoch, buf, loaded):
+                         epoch, buf, loaded, vector):
         """Push tile t to every peer, then raise its flag at each."""
         push_tile(t, tile_rows, rows, data, lse_bits, seq_lens, query_start_loc, num_seqs,
                   windows, slot, me, hn, width, d_count, tid, threads // u_push_group, buf,
-                  loaded)
+                  loaded, vector)
         cuda.syncthreads()  # the tile's stores, before the flags' release
         if tid < u_n and tid != me:
             store_release(flags[tid], u_n + me * max_tiles + t, epoch)
@@ -808,7 +811,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
     @cuda.jit(**bounds)
     def direct(phases, data_bits, data, lse_bits, lse, seq_lens, query_start_loc, num_seqs,
                windows, vals, bits, flags, state, status, out, out_lse, write_lse, base_e,
-               self_rank, timeout_ns, tile_rows, push_blocks, lls):
+               self_rank, timeout_ns, tile_rows, push_blocks, lls, push_vector):
         entered = clock()
         await_predecessor()  # a dependent launch: before the first load of anything
         awaited = clock()
@@ -823,6 +826,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         max_tiles = (u64(flags[0].shape[0]) - u_n) // u_n
         push_width = u64(windows[0].shape[4])
         push_count = u64(data_bits.shape[2])
+        vector = push_vector != 0  # the pushes move 16-byte quads
         pushing = (phases & PUSH) != 0
         combining = (phases & COMBINE) != 0
         tid = u64(cuda.threadIdx.y) * u_warp + u64(cuda.threadIdx.x)
@@ -944,7 +948,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         loaded = False
         if small and pushing and block < tiles:
             loaded = preload_push(block, u64(tile_rows), rows, data_bits, me, hn, push_count,
-                                  tid, buf)
+                                  tid, buf, vector)
         cuda.syncthreads()
         stamp(state, epoch, 2)
         if small:  # the next call may start (it waits for this one)
@@ -961,7 +965,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                     push_and_release(ahead, u64(tile_rows), rows, data_bits, lse_bits, seq_lens,
                                      query_start_loc, num_seqs, windows, flags, slot, me, hn,
                                      push_width, push_count, tid, threads, max_tiles, epoch,
-                                     buf, loaded and ahead == block)
+                                     buf, loaded and ahead == block, vector)
                     ahead += grid
                     stamp(state, epoch, 3)
                 if t == block:  # every thread has read the epoch; arriving (a fence and an
@@ -983,7 +987,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                 push_and_release(t, u64(tile_rows), rows, data_bits, lse_bits, seq_lens,
                                  query_start_loc, num_seqs, windows, flags, slot, me, hn,
                                  push_width, push_count, tid, threads, max_tiles, epoch, buf,
-                                 False)
+                                 False, vector)
                 t += pushers
             stamp(state, epoch, 3)
         else:  # a combining block
@@ -1025,7 +1029,7 @@ def direct_kernel(dtype, n, push_bits, pairs=False, push_group=WARP, group=WARP,
                 types.UniTuple(flag, n), flag, flag,
                 array_type(value, 3, False), array_type(np.float32, 2, False),
                 i64, i64, i64, i64, i64, i64,
-                types.UniTuple(array_type(np.uint64, 4, True), n))
+                types.UniTuple(array_type(np.uint64, 4, True), n), i64)
     return SpecializedKernel(_direct_kernel(kind, n, push_group, group,
                                             np.dtype(push_bits).itemsize == 2, dependent,
                                             trace=trace, word_by_word=word_by_word),
@@ -1071,6 +1075,10 @@ def direct_launch(dtype, data, lse, seq_lens, query_start_loc, num_seqs, windows
     :func:`direct_kernel`; never where ranks share a GPU: a call's blocks that
     start early could take the places a peer's blocks need). 16-bit data
     moves as uint32 words where the arrays allow, and bfloat16 is combined in pairs.
+    The pushes load and store 16 bytes at a time (``vector``, the last argument)
+    where the words allow it: a whole number of 4-word quads per row, and every
+    row of the input and of the windows 16-byte aligned; else a word (or a
+    16-bit element) at a time.
     """
     if not 1 <= warps <= WARPS:  # the launch would fail, less clearly
         raise ValueError(f"a direct call's blocks have 1 to {WARPS} warps (got {warps}): "
@@ -1098,6 +1106,9 @@ def direct_launch(dtype, data, lse, seq_lens, query_start_loc, num_seqs, windows
     write_lse = out_lse is not None
     if not write_lse:  # never read: a placeholder of the right type
         out_lse = DeviceArray(out.ptr, (0, 0), (4, 4), np.float32, out.owner)
+    # 16-byte pushes where the words allow: whole quads, every row aligned at both ends
+    vector = (push_data.dtype.itemsize == 4 and push_data.shape[2] % QUAD == 0
+              and all(a.rows_aligned(16) for a in (push_data,) + push_windows))
     rows = data.shape[0] * windows[0].shape[3]
     tile_rows, blocks, push_blocks = call_grid(rows, lls[me].shape[2], max_blocks, ll_max_blocks)
     for ll in lls:  # stored and loaded 16 bytes at a time: a misaligned pair faults
@@ -1111,4 +1122,4 @@ def direct_launch(dtype, data, lse, seq_lens, query_start_loc, num_seqs, windows
         int(phases), push_data, vals_data, lse.view(np.uint32), lse, seq_lens, query_start_loc,
         int(num_seqs), push_windows, vals, bits, tuple(flags), state, status, vals_out, out_lse,
         int(write_lse), int(bool(is_lse_base_on_e)), me, int(timeout_ns), int(tile_rows),
-        int(push_blocks), tuple(lls))
+        int(push_blocks), tuple(lls), int(vector))

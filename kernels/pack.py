@@ -21,6 +21,7 @@ from ._launch import SpecializedKernel, array_type
 from ._math import NEG_INF_BITS
 from ._rows import UNROLL, WARP, lanes_per_row, row_cursor, row_grid
 from ._specs import check_pack_args
+from ._vector import QUAD, vector_functions
 
 __all__ = ["pack_kernel", "pack_launch", "pack_send"]
 
@@ -43,46 +44,94 @@ def lse_bits_reader():
 
 
 @functools.cache
-def packed_row_steps(group=WARP):
-    """Device functions ``load_step(src, buf, base, d_count)`` (this lane's
-    ``UNROLL`` elements of a row from ``base``, in steps of ``group``, into the
-    local array ``buf``: every load issued before any is used) and
-    ``write_packed_row_from(src, dst, lse_bits, b, head, seq_lens,
-    query_start_loc, num_seqs, lane, d_count, width, buf, loaded)``: this lane's
-    share of one packed row, ``dst[:D] = src`` and the bits of ``lse_bits[b,
-    head]`` (``-inf`` for an empty or padding token ``b``) in ``dst[D:]``, for
-    rows of ``group`` lanes; ``loaded``: ``buf`` already holds the lane's first
-    step (``load_step(src, buf, lane, d_count)``), so its stores need not wait for
-    loads issued here.
+def packed_row_steps(group=WARP, quads=False):
+    """Device functions ``load_first_step(src, buf, lane, d_count, vector)``
+    (this lane's first step of a row into the local array ``buf``: every load
+    issued before any is used) and ``write_packed_row_from(src, dst, lse_bits,
+    b, head, seq_lens, query_start_loc, num_seqs, lane, d_count, width, buf,
+    loaded, vector)``: this lane's share of one packed row, ``dst[:D] = src``
+    and the bits of ``lse_bits[b, head]`` (``-inf`` for an empty or padding
+    token ``b``) in ``dst[D:]``, for rows of ``group`` lanes; ``loaded``:
+    ``buf`` already holds the lane's first step (``load_first_step``), so its
+    stores need not wait for loads issued here.
 
     Each lane moves ``UNROLL`` elements per step, loading them all before it
     stores any, so that enough loads are in flight to run at memory bandwidth.
+    ``vector`` (only in functions built with ``quads``, for uint32 words):
+    they move as 16-byte quads of words (``_vector``), lane ``l`` taking quads
+    ``l, l + group, ...`` of the step's ``group * UNROLL`` words; the caller
+    vouches that ``D`` is a multiple of four and both rows are 16-byte aligned.
     """
     row_lse_bits = lse_bits_reader()
     low16, sixteen = np.uint32(0xFFFF), np.uint32(16)
     u64 = np.uint64
     u_group, u_step, u_one = u64(group), u64(group * UNROLL), u64(1)
+    u_quad, u_quad_stride = u64(QUAD), u64(QUAD * group)
     jit = cuda.jit(device=True)
 
+    if quads:
+        v = vector_functions()
+        load_quad, store_quad = v["load_quad"], v["store_quad"]
+
+        @jit
+        def load_quads(src, buf, base, d_count):
+            for k in range(UNROLL // QUAD):
+                d = base + u64(k) * u_quad_stride
+                if d < d_count:
+                    w0, w1, w2, w3 = load_quad(src, d)
+                    buf[QUAD * k] = w0
+                    buf[QUAD * k + 1] = w1
+                    buf[QUAD * k + 2] = w2
+                    buf[QUAD * k + 3] = w3
+
+        @jit
+        def store_quads(dst, buf, base, d_count):
+            for k in range(UNROLL // QUAD):
+                d = base + u64(k) * u_quad_stride
+                if d < d_count:
+                    store_quad(dst, d, buf[QUAD * k], buf[QUAD * k + 1], buf[QUAD * k + 2],
+                               buf[QUAD * k + 3])
+    else:  # never called: ``vector`` is always False
+        @jit
+        def load_quads(src, buf, base, d_count):
+            pass
+
+        store_quads = load_quads
+
     @jit
-    def load_step(src, buf, base, d_count):
+    def load_step(src, buf, base, d_count, vector):
+        if vector:
+            load_quads(src, buf, base, d_count)
+            return
         for k in range(UNROLL):
             d = base + u64(k) * u_group
             if d < d_count:
                 buf[k] = src[d]
 
     @jit
+    def step_start(lane, vector):
+        """The first element of a lane's first step."""
+        return lane * u_quad if vector else lane
+
+    @jit
+    def load_first_step(src, buf, lane, d_count, vector):
+        load_step(src, buf, step_start(lane, vector), d_count, vector)
+
+    @jit
     def write_packed_row_from(src, dst, lse_bits, b, head, seq_lens, query_start_loc, num_seqs,
-                              lane, d_count, width, buf, loaded):
-        base = lane
+                              lane, d_count, width, buf, loaded, vector):
+        base = step_start(lane, vector)
         while base < d_count:
             if not loaded:
-                load_step(src, buf, base, d_count)
+                load_step(src, buf, base, d_count, vector)
             loaded = False
-            for k in range(UNROLL):
-                d = base + u64(k) * u_group
-                if d < d_count:
-                    dst[d] = buf[k]
+            if vector:
+                store_quads(dst, buf, base, d_count)
+            else:
+                for k in range(UNROLL):
+                    d = base + u64(k) * u_group
+                    if d < d_count:
+                        dst[d] = buf[k]
             base += u_step
         if lane == 0:
             bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)
@@ -92,7 +141,7 @@ def packed_row_steps(group=WARP):
                 dst[d_count] = bits & low16
                 dst[d_count + u_one] = (bits >> sixteen) & low16
 
-    return load_step, write_packed_row_from
+    return load_first_step, write_packed_row_from
 
 
 @functools.cache
@@ -107,7 +156,7 @@ def packed_row_writer(group=WARP):
                          lane, d_count, width):
         buf = cuda.local.array(UNROLL, dst.dtype)
         write_packed_row_from(src, dst, lse_bits, b, head, seq_lens, query_start_loc, num_seqs,
-                              lane, d_count, width, buf, False)
+                              lane, d_count, width, buf, False, False)
 
     return write_packed_row
 

@@ -187,6 +187,7 @@ class DirectRanks:
             None if out is None else kernel_array(out, self.bits),
             None if out_lse is None else kernel_array(out_lse, np.float32), base_e, r,
             self.timeout_ns, self.max_blocks, phases, self.warps)
+        self.last_args = args
         kernel((grid[0] + self.extra_blocks,), block, stream_ptr(stream), args)
 
     def push(self, r, x, lse, mask=None):
@@ -275,6 +276,50 @@ def check_direct(to_device, to_host, dtype, n, tokens, h, d, rng, base_e=True, h
         assert not to_host(ranks.status_owners[r]).any()
         # every word sent word by word was consumed (zeroed) by its reader
         assert not to_host(ranks.ll_owners[r]).any(), f"rank {r}: words left unconsumed"
+
+
+def check_direct_quads(to_device, to_host, dtype, rng, b, d, pad=0, offset=0):
+    """One direct call in tiles on two ranks whose inputs are rows of ``d`` elements at
+    ``offset`` in rows of ``d + pad``: exact against the oracle. Returns whether the
+    pushes moved 16-byte quads (they may only where every row is aligned for them)."""
+    from cupy_dcp import lse_weighted_combine
+
+    n, h = 2, 4
+    hn = h // n
+    ranks = DirectRanks(to_device, dtype, n, b, h, d, ll_rows=0)
+    xs, ls = make_inputs(rng, n, b, h, d, dtype)
+    xd = []
+    for r in range(n):
+        wide = np.zeros((b, h, d + pad), dtype)
+        wide[..., offset:offset + d] = xs[r]
+        xd.append(to_device(wide)[..., offset:offset + d])
+    ld = [to_device(ls[r]) for r in range(n)]
+    outs = [to_device(np.zeros((b, hn, d), dtype)) for _ in range(n)]
+    vector = set()
+    for r in range(n):
+        ranks.push(r, xd[r], ld[r])
+        vector.add(ranks.last_args[-1])
+    for r in range(n):
+        ranks.combine(r, xd[r], ld[r], outs[r])
+    assert len(vector) == 1
+    expect = lse_weighted_combine(xs, ls)
+    for r in range(n):
+        heads = slice(r * hn, (r + 1) * hn)
+        got = to_host(outs[r]).astype(np.float64)
+        assert_combine_close(got, expect[:, heads], xs[:, :, heads], ls[:, :, heads], dtype)
+    return bool(vector.pop())
+
+
+QUAD_CASES = [  # (dtype, b, d, pad, offset, moved as quads): b = 3 small, 30 split
+    (np.dtype(ml_dtypes.bfloat16), 3, 16, 0, 0, True),  # 8 words: two quads a row
+    (np.dtype(np.float16), 30, 40, 0, 0, True),
+    (np.dtype(np.float32), 3, 300, 0, 0, True),  # two steps a row
+    (np.dtype(np.float32), 30, 8, 8, 4, True),  # an aligned view inside wider rows
+    (np.dtype(ml_dtypes.bfloat16), 3, 16, 2, 0, False),  # rows 36 bytes apart
+    (np.dtype(ml_dtypes.bfloat16), 30, 16, 8, 2, False),  # rows start 4 bytes off
+    (np.dtype(ml_dtypes.bfloat16), 3, 12, 0, 0, False),  # 6 words: not whole quads
+    (np.dtype(np.float32), 3, 7, 0, 0, False),
+]
 
 
 def check_direct_missing_peer(to_device, to_host, dtype, rng, timeout_ns=50_000_000, b=40,

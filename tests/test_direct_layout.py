@@ -129,3 +129,19 @@ def test_direct_blocks_have_no_more_warps_than_the_kernels_are_built_for(warps):
     with a clear error before anything is launched."""
     with pytest.raises(ValueError, match=f"1 to {WARPS} warps"):
         direct_launch(np.float32, *([None] * 16), warps=warps)
+
+
+@pytest.mark.parametrize("ptr, shape, strides, aligned", [
+    (256, (3, 4, 8), (128, 32, 4), True),
+    (256 + 16, (3, 4, 8), (128, 32, 4), True),  # a view into aligned rows
+    (256 + 4, (3, 4, 8), (128, 32, 4), False),  # rows start 4 bytes off
+    (256, (3, 4, 9), (144, 36, 4), False),  # rows 36 bytes apart
+    (256, (3, 4, 8), (128, 32, 8), False),  # not contiguous along the row
+    (256, (1, 4, 8), (36, 32, 4), True),  # an axis of one element imposes nothing
+    (256, (3, 1, 1), (16, 4, 4), True),
+    (256, (), (), False),
+])
+def test_rows_aligned_for_16_byte_pushes(ptr, shape, strides, aligned):
+    from cupy_dcp.kernels._launch import DeviceArray
+
+    assert DeviceArray(ptr, shape, strides, np.uint32, None).rows_aligned(16) == aligned

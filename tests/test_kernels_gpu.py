@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from gpu import requires_gpu
-from kernel_checks import DTYPES, check_bare_push, check_combine, check_direct, check_direct_missing_peer, check_pack
+from kernel_checks import (DTYPES, QUAD_CASES, check_bare_push, check_combine, check_direct,
+                           check_direct_missing_peer, check_direct_quads, check_pack)
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -210,6 +211,15 @@ def test_direct_kernels_match_reference(dtype, d, n):
     # word by word across the epoch whose 32-bit tag would be that of a zeroed word
     check_direct(to_device, to_host, dtype, n, [2, 1, 2, 1, 2, 1], 2 * n, d, rng,
                  streams=streams, sync=sync, max_blocks=blocks, ll_rows=4, epoch=2**32 - 3)
+
+
+@pytest.mark.parametrize("dtype, b, d, pad, offset, quads", QUAD_CASES,
+                         ids=lambda v: ("quads" if v else "words") if isinstance(v, bool) else str(v))
+def test_direct_pushes_16_byte_quads_where_rows_allow(dtype, b, d, pad, offset, quads):
+    """A misaligned 16-byte access would fault: only aligned rows move as quads."""
+    to_device, to_host = cupy_io()
+    assert check_direct_quads(to_device, to_host, dtype, np.random.default_rng(d + offset), b,
+                              d, pad, offset) == quads
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -7,8 +7,8 @@ runs this file so; the ordinary suite ignores it (see ``tests/conftest.py``).
 import numpy as np
 import pytest
 
-from kernel_checks import (DTYPES, check_bare_push, check_combine, check_direct, check_direct_missing_peer,
-                           check_pack)
+from kernel_checks import (DTYPES, QUAD_CASES, check_bare_push, check_combine, check_direct,
+                           check_direct_missing_peer, check_direct_quads, check_pack)
 
 
 def ident(x):
@@ -155,6 +155,13 @@ def test_direct_rows_of_several_steps():
     values with the LSEs; every later step and row loads its own."""
     check_direct(ident, host, np.dtype(np.float32), 2, [4, 6, 3], 8, 300,
                  np.random.default_rng(300), ll_rows=0)
+
+
+@pytest.mark.parametrize("dtype, b, d, pad, offset, quads", QUAD_CASES,
+                         ids=lambda v: ("quads" if v else "words") if isinstance(v, bool) else str(v))
+def test_direct_pushes_16_byte_quads_where_rows_allow(dtype, b, d, pad, offset, quads):
+    assert check_direct_quads(ident, host, dtype, np.random.default_rng(d + offset), b, d, pad,
+                              offset) == quads
 
 
 @pytest.mark.parametrize("ll_rows", [16, 0], ids=["word_by_word", "tiles"])
