@@ -644,19 +644,19 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         store_word(dst, c * u_two + u_one, nan, nan, d_values)
 
     @jit
-    def push_item(t, tile_rows, rows, me, hn, tid):
-        """This thread's first (peer, row) item of pushing tile t: its lane, item
-        index, item count, and the item's peer, token and local head."""
-        first, count, lane, i = tile_cursor(t, tile_rows, rows, tid, u_push_group)
+    def push_target(i, first, count, me, hn):
+        """Item i of pushing a tile of ``count`` rows from row ``first`` (every row to
+        the first peer, then to the next, ...): the peer, the token, the local head."""
         row = first + i % count
-        return lane, i, (u_n - u_one) * count, peer_rank(i // count, me), row // hn, row % hn
+        return peer_rank(i // count, me), row // hn, row % hn
 
     @jit
     def preload_push(t, tile_rows, rows, data, me, hn, d_count, tid, buf, vector):
         """Load this thread's first step of its first item of tile t into ``buf``
         (its loads then need not wait for anything): whether it had one."""
-        lane, i, items, j, b, h = push_item(t, tile_rows, rows, me, hn, tid)
-        if i < items:
+        first, count, lane, i = tile_cursor(t, tile_rows, rows, tid, u_push_group)
+        if i < (u_n - u_one) * count:
+            j, b, h = push_target(i, first, count, me, hn)
             load_first_step(data[b, j * hn + h], buf, lane, d_count, vector)
             return True
         return False
@@ -667,14 +667,10 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         """This thread's share of tile t's rows into every peer's window; ``loaded``:
         ``buf`` holds its first step (:func:`preload_push`); ``vector``: in 16-byte
         quads (``packed_row_steps``)."""
-        lane, i, items, j, b, h = push_item(t, tile_rows, rows, me, hn, tid)
-        count = items // (u_n - u_one)
-        first = t * tile_rows
+        first, count, lane, i = tile_cursor(t, tile_rows, rows, tid, u_push_group)
+        items = (u_n - u_one) * count
         while i < items:
-            row = first + i % count
-            j = peer_rank(i // count, me)
-            b = row // hn
-            h = row % hn
+            j, b, h = push_target(i, first, count, me, hn)
             head = j * hn + h
             write_packed_row_from(data[b, head], windows[j][slot, me, b, h], lse_bits, b, head,
                                   seq_lens, query_start_loc, num_seqs, lane, d_count, width,
