@@ -22,9 +22,7 @@ QUAD = 4  # uint32 words per access
 @functools.cache
 def vector_functions():
     """Compile (once) and return ``load_quad`` and ``store_quad``, by name."""
-    if config.ENABLE_CUDASIM:
-        return _simulated()
-    return _compiled()
+    return (_simulated if config.ENABLE_CUDASIM else _compiled)()
 
 
 def _simulated():
