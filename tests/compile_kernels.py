@@ -15,11 +15,11 @@ process: device functions are compiled for the capability given here, not for
 a GPU's.
 """
 
-MISSING = 77  # the exit status when NVVM or NVRTC cannot be found
-WIDE_STORES = (".v4.u32", ".v4.b32", ".v2.u64", ".v2.b64")  # 16 bytes a store
-
 import os
 import sys
+
+MISSING = 77  # the exit status when NVVM or NVRTC cannot be found
+WIDE_STORES = (".v4.u32", ".v4.b32", ".v2.u64", ".v2.b64")  # 16 bytes a store
 
 
 def kernels():
