@@ -13,6 +13,9 @@
 - ``store_pair(words, i, a, b)``: ``st.relaxed.sys.v2.b64`` of two such words.
 - ``now_ns()``: the GPU's global nanosecond timer, for bounded waits.
 - ``pause()``: ``nanosleep`` for a short while between two polls.
+- ``vote_all(ok)``, ``vote_any(ok)``: whether ``ok`` holds for every (for
+  some) lane of the calling thread's warp; every lane of the warp must make
+  the same call (a full-warp ``all_sync`` / ``any_sync``).
 - ``grid_dependency_wait()``: ``griddepcontrol.wait``: in a kernel launched as
   a programmatic dependent (it may start before its predecessor on the
   stream ends), wait until that predecessor has completed and its memory is
@@ -23,14 +26,20 @@
 
 Under the CUDA simulator (one Python process, blocks run one after another)
 they are plain loads and stores, ``time.monotonic_ns`` and a sleep of zero,
-and the two ``griddepcontrol`` functions do nothing.
+and the two ``griddepcontrol`` functions do nothing; the votes gather the
+warp's lanes (threads of the simulator) at a barrier, which breaks, failing
+the kernel, if a lane does not come within :data:`SIMULATED_VOTE_TIMEOUT`.
 """
 
 import functools
+import threading
 
 from numba import config, cuda, types
 
-__all__ = ["sync_functions"]
+__all__ = ["FULL_WARP", "SIMULATED_VOTE_TIMEOUT", "sync_functions"]
+
+FULL_WARP = 0xFFFFFFFF  # the lanes a vote takes: all of them
+SIMULATED_VOTE_TIMEOUT = 60.0  # seconds
 
 
 @functools.cache
@@ -77,10 +86,34 @@ def _simulated():
     def grid_dependency_wait():
         pass
 
+    warps = {}  # (block, warp) -> (barrier of its lanes, their votes)
+    lock = threading.Lock()
+
+    def vote(ok, gather):
+        block, thread = cuda.blockIdx, cuda.threadIdx
+        key = (block.x, block.y, block.z, thread.y, thread.z)  # blocks are (32, warps)
+        with lock:
+            if key not in warps:
+                warps[key] = threading.Barrier(32, timeout=SIMULATED_VOTE_TIMEOUT), [False] * 32
+            barrier, votes = warps[key]
+        votes[thread.x] = bool(ok)
+        barrier.wait()  # every lane's vote is in
+        result = gather(votes)
+        barrier.wait()  # every lane has read them: the next vote may overwrite
+        return result
+
+    @jit
+    def vote_all(ok):
+        return vote(ok, all)
+
+    @jit
+    def vote_any(ok):
+        return vote(ok, any)
+
     return dict(load_acquire=load_acquire, load_relaxed=load_relaxed,
                 store_release=store_release, load_pair=load_pair, store_pair=store_pair,
                 now_ns=now_ns, pause=pause, grid_dependency_wait=grid_dependency_wait,
-                launch_dependents=grid_dependency_wait)
+                launch_dependents=grid_dependency_wait, vote_all=vote_all, vote_any=vote_any)
 
 
 def element_pointer(context, builder, array_type, array, index, index_type):
@@ -199,8 +232,16 @@ def _compiled():
         control.__name__ = instruction.replace(".", "_")
         return intrinsic(control)
 
+    @cuda.jit(device=True)
+    def vote_all(ok):
+        return cuda.all_sync(FULL_WARP, ok) != 0
+
+    @cuda.jit(device=True)
+    def vote_any(ok):
+        return cuda.any_sync(FULL_WARP, ok) != 0
+
     return dict(load_acquire=load_acquire, load_relaxed=load_relaxed,
                 store_release=store_release, load_pair=load_pair, store_pair=store_pair,
-                now_ns=now_ns, pause=pause,
+                now_ns=now_ns, pause=pause, vote_all=vote_all, vote_any=vote_any,
                 grid_dependency_wait=grid_control("griddepcontrol.wait"),
                 launch_dependents=grid_control("griddepcontrol.launch_dependents"))
