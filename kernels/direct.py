@@ -9,7 +9,7 @@ gave up; then ``flags[N + p * max_tiles + t]``: the last call whose tile
 each starts on a 32-byte sector (on a 128-byte line where that costs little):
 the pushes then cross NVLink as whole sectors; then the *word-by-word region*
 ``ll[2][N][R][W]`` of uint64 words (``R = ll_rows``, ``W = ll_words``, see
-below). A call of B tokens uses the
+below), then the *lines region* (below). A call of B tokens uses the
 first B of each rank's chunk, so the slots never move with B. It also owns a private
 ``state[4]`` int64 in device memory: ``state[0]`` the epoch (calls made so
 far: a call advances it once every block has read it), ``state[1]`` the
@@ -71,6 +71,40 @@ combined from there, and 8.1 us for NCCL's raw all-to-all; from 8 tokens on,
 the flags win). The region's size in rows is the threshold, measured for
 bf16 at D = 512 only.
 
+Calls too large to go word by word but small enough for the *lines region*
+(``lines[2][N][R'][W']`` uint64, after the word-by-word region: ``R'`` rows
+of ``W'`` words, :func:`line_words`) go *in lines*, as NCCL's LL128 protocol
+does, in a kernel of their own: a row is cut into 128-byte lines of
+:data:`LINE_WORDS` 32-bit words of the packed row, each line ending in an
+8-byte flag, the call's epoch ``e`` itself (it never repeats, so nothing is
+zeroed). A line is 8 chunks of 16 bytes; an *item* is a (row, chunk) couple
+and the items of a tile are taken by the threads in turn, so the 8 lanes
+of a line are 8 consecutive lanes of one warp and store it with one
+instruction (``st.relaxed.sys.v2.b64``, the last lane's second word the
+flag). Each thread holds all its items (:func:`line_items`, at most 4;
+:func:`line_tile_rows` bounds a tile so that they suffice) in registers
+from the loads of its input to its combine: it loads them for every shard
+at once, stores the peers' chunks, then polls its own region's chunks of
+every item until every lane of its warp sees, in each line it reads, the
+flag ``e`` (a warp vote: one memory round trip per look, however many
+items). The threads whose chunks hold a row's LSE note it in shared memory;
+after one barrier each thread combines its items from its registers. No
+fence, no flag store, no second read: against a tile behind flags a
+call saves the fence's round trip and the flag's, and each warp starts on
+its lines as soon as they are in (two H200s, B = 8: 6.4 us against 9.1 in
+tiles; B = 32: 14.4 against 16.0).
+
+The lines lean on the hardware more than the words do: that the 8 stores of
+a line, made by one warp instruction to 128 consecutive aligned bytes,
+reach the peer's memory together, and that one warp instruction's loads of
+those bytes see them all or none. NCCL's LL128 protocol relies on the same
+on NVLink (and enables it only where it holds); no documented memory model
+promises it. ``CUPY_DCP_LINES=0`` (see ``cupy_dcp.direct``) turns the lines
+off: those calls then go in tiles. Across calls the argument below holds as
+it does for words: a line of call ``e + 2`` can only be stored once its
+reader has finished call ``e``; and a stale line never passes, as its flag
+is an older epoch.
+
 A kernel built ``dependent`` is launched as a programmatic dependent of the
 kernel before it on the stream: it may be scheduled while that kernel ends,
 and waits for it (``griddepcontrol.wait``: complete, its memory visible)
@@ -92,22 +126,26 @@ Why no call overwrites a slot its owner still reads. Rank r's call ``e + 2``
 writes ``window_j.slot[e % 2]``, which j's call ``e`` reads. On r's stream
 call ``e + 2`` follows r's call ``e + 1``, which completed only after it saw
 j's flags of call ``e + 1`` (``>= e + 1``; every call has a tile), or its
-words tagged ``e + 1``: values j stores during its call ``e + 1``, and j's
+words tagged ``e + 1``, or its lines flagged ``e + 1``: values j stores
+during its call ``e + 1``, and j's
 stream runs that call only after j's call ``e`` has completed, its reads
 included. So j's reads of call ``e`` are done before r's writes of call
 ``e + 2`` begin, whichever way each call went (a word-by-word call writes
-``ll[e % 2]`` alone, and its reads of it are done by then too). A flag can
+``ll[e % 2]`` alone, a call in lines ``lines[e % 2]`` alone, and their reads
+are done by then too). A flag can
 already hold
 ``e + 1`` when j waits for ``e``: r then finished call ``e``, whose data (in
 the other slot than call ``e + 1``'s) came before. A word's tag is never
 stale, however long the plan lives: every word a call sends is read, and
 zeroed, by that call's reader (before its call completes, so before the word
 can be sent again), and no call's tag is zero. (A call that fails leaves
-words behind, but the plan is dead after it.)
+words behind, but the plan is dead after it.) A line's flag needs no such
+care: it is the 64-bit epoch of the call that stored it, and the reader of
+call ``e`` takes only ``e``.
 
-For word-by-word calls this argument leans on the hardware rather than on
-a release/acquire pair, as NCCL's LL protocol does: the words are stored and
-polled relaxed, so "j's reads and zeroing stores of call ``e`` come before
+For word-by-word calls (and calls in lines) this argument leans on the
+hardware rather than on a release/acquire pair, as NCCL's LL protocol does:
+the words are stored and polled relaxed, so "j's reads and zeroing stores of call ``e`` come before
 r's stores of call ``e + 2``" holds because a kernel completes only once its
 loads have returned and its stores are performed, and j's stream starts
 call ``e + 1``, whose words r waited for, only after that.
@@ -133,8 +171,9 @@ into its own failure flag at every peer (so they fail fast instead of
 waiting), and writes NaN into every row not combined yet (the other blocks
 stop waiting once one has given up). A peer found to have given up at the
 start of a call fails that call at its first wait, on every rank alike, even
-where its flags show tiles (or its words) that it pushed before it gave up.
-That call still pushes to it, into the slot (or word region) of this call,
+where its flags show tiles (or its words, or lines) that it pushed before it
+gave up. That call still pushes to it, into the slot (or word or lines
+region) of this call,
 which the peer's last call does not read; a dead plan pushes nothing, and
 every peer's next call fails. Nothing traps: the host reads ``status`` and
 raises.
@@ -159,7 +198,8 @@ from ._vector import QUAD
 from .combine import _BF16, _BF16X2, _F16, _F32, RAW, _codecs, combine_kind, row_accumulator
 from .pack import lse_bits_reader, packed_row_steps
 
-__all__ = ["COMBINE", "PUSH", "STATE_WORDS", "TIMED_OUT", "PEER_FAILED", "MIN_TILE_ROWS",
+__all__ = ["COMBINE", "PUSH", "WORDS", "LINES", "LINE_MAX_ROWS", "line_items", "line_tile_rows",
+           "line_words", "STATE_WORDS", "TIMED_OUT", "PEER_FAILED", "MIN_TILE_ROWS",
            "SMALL_TILE_ROWS",
            "LL_MAX_ROWS", "LL_TILE_ROWS", "WindowLayout", "call_grid", "call_kernels",
            "direct_kernel", "direct_launch", "flag_words",
@@ -179,6 +219,12 @@ PUSH_SHARE = 1 / 3  # of the blocks of a large call, those that only push
 LL_MAX_ROWS = 256  # the most (token, head) rows per rank pair that a call sends word by word
 LL_TILE_ROWS = 16  # the most rows of a word-by-word tile (a block notes their LSEs)
 CHECK_EVERY = 64  # polls between two looks at the clock and the failure flags
+LINE_BYTES = 128  # a line of the lines region: 120 payload bytes, then its 8-byte flag
+LINE_WORDS = 30  # the 32-bit payload words of a line
+LINE_CHUNKS = 8  # 16-byte chunks of a line (a lane's store each; the last ends in the flag)
+LINE_TILE_ROWS = 64  # the most rows of a tile in lines (a block notes their LSEs)
+LINE_MAX_ROWS = 4096  # the most (token, head) rows per rank pair that a call sends in lines
+NO_ITEM = 0xFFFFFFFF  # the row of an item a thread does not hold, in lines
 
 
 def row_stride(width, itemsize):
@@ -199,6 +245,26 @@ def ll_words(width, itemsize):
     return 2 * -(-width * itemsize // 8)
 
 
+def line_words(width, itemsize):
+    """The uint64 words of one row in the lines region: whole 128-byte lines of
+    :data:`LINE_WORDS` 32-bit words of the packed row and a flag each."""
+    return LINE_BYTES // 8 * -(-(-(-width * itemsize // 4)) // LINE_WORDS)
+
+
+def line_items(n):
+    """The items (16-byte chunks of a row) that one thread of a call in lines holds in
+    registers from its loads to its combine, for ``n`` ranks: 32 words in all
+    (four per shard and item) up to 8 ranks."""
+    return max(1, 8 // n)
+
+
+def line_tile_rows(n, words, threads):
+    """The most rows of a tile in lines, for rows of ``words`` uint64 words
+    (:func:`line_words`) and blocks of ``threads``: every item of the tile held at
+    once (:func:`line_items` a thread); 0 where a row is more than a block holds."""
+    return min(LINE_TILE_ROWS, line_items(n) * threads // max(1, words // 2))
+
+
 def ll_rows(max_tokens, local_heads):
     """The rows per rank pair of the word-by-word region: calls of no more rows
     take that path."""
@@ -214,6 +280,8 @@ class WindowLayout(typing.NamedTuple):
     slots_strides: tuple  # their byte strides (rows padded to ``row_stride``)
     ll_offset: int  # bytes to the word-by-word region
     ll_shape: tuple  # (2, N, R, W) uint64, C-contiguous
+    line_offset: int  # bytes to the lines region (a multiple of LINE_BYTES)
+    line_shape: tuple  # (2, N, R', W') uint64, C-contiguous
     nbytes: int  # the whole window
 
     @property
@@ -222,11 +290,13 @@ class WindowLayout(typing.NamedTuple):
         return self.slots_shape[:-1] + (self.slots_strides[-2] // self.slots_strides[-1],)
 
 
-def window_layout(n, max_tokens, local_heads, width, itemsize, rows=None):
+def window_layout(n, max_tokens, local_heads, width, itemsize, rows=None, line_rows=None):
     """The window of ``n`` ranks for ``max_tokens`` tokens of ``local_heads`` heads of
     packed rows of ``width`` elements of ``itemsize`` bytes: flags, then the slots
     (512-byte aligned), then the word-by-word region of ``rows`` rows per rank pair
-    (:func:`ll_rows` by default; 0 sends nothing word by word)."""
+    (:func:`ll_rows` by default; 0 sends nothing word by word), then the lines
+    region of ``line_rows`` (by default as many as a call may send in lines,
+    :data:`LINE_MAX_ROWS` at most; 0 sends nothing in lines)."""
     words = flag_words(n, max_tokens, local_heads)
     slots_offset = -(-8 * words // 512) * 512
     padded = (2, n, max_tokens, local_heads, row_stride(width, itemsize))
@@ -234,8 +304,13 @@ def window_layout(n, max_tokens, local_heads, width, itemsize, rows=None):
     rows = ll_rows(max_tokens, local_heads) if rows is None else rows
     ll_shape = (2, n, rows, ll_words(width, itemsize))
     ll_offset = slots_offset + slots_bytes  # a multiple of 32: row_stride's sectors
+    if line_rows is None:
+        line_rows = min(max_tokens * local_heads, LINE_MAX_ROWS)
+    line_shape = (2, n, line_rows, line_words(width, itemsize))
+    line_offset = -(-(ll_offset + 8 * int(np.prod(ll_shape))) // LINE_BYTES) * LINE_BYTES
     return WindowLayout(words, slots_offset, padded[:-1] + (width,), c_strides(padded, itemsize),
-                        ll_offset, ll_shape, ll_offset + 8 * int(np.prod(ll_shape)))
+                        ll_offset, ll_shape, line_offset, line_shape,
+                        line_offset + 8 * int(np.prod(line_shape)))
 
 
 def ll_grid(rows, max_blocks):
@@ -277,22 +352,34 @@ def tile_grid(rows, max_blocks):
     return per_tile, pushers + min(tiles, max_blocks - pushers), pushers
 
 
-def call_grid(rows, ll_capacity, max_blocks, ll_max_blocks=None):
+WORDS, LINES = -1, -2  # ``push_blocks`` of a call word by word, of one in lines
+
+
+def call_grid(rows, ll_capacity, max_blocks, ll_max_blocks=None, line_capacity=0,
+              line_max_rows=0, line_max_blocks=None):
     """``(tile_rows, blocks, push_blocks)`` of a call of ``rows`` rows per rank pair:
-    word by word (``push_blocks == -1``, :func:`ll_grid` on ``ll_max_blocks``, by
-    default ``max_blocks``) where the call's rows fit the word-by-word region
+    word by word (``push_blocks == WORDS``, :func:`ll_grid` on ``ll_max_blocks``,
+    by default ``max_blocks``) where the call's rows fit the word-by-word region
     (``ll_capacity`` rows) and a block's tile has no more than :data:`LL_TILE_ROWS`;
-    else behind flags (:func:`tile_grid`)."""
+    else in lines (``LINES``, :func:`ll_grid` on ``line_max_blocks``, by default
+    ``max_blocks``) where they fit the lines region (``line_capacity`` rows) and a
+    block's tile has no more than ``line_max_rows`` (:func:`line_tile_rows`); else
+    behind flags (:func:`tile_grid`)."""
     if rows <= ll_capacity:
         tile_rows, blocks = ll_grid(rows, max_blocks if ll_max_blocks is None else ll_max_blocks)
         if tile_rows <= LL_TILE_ROWS:
-            return tile_rows, blocks, -1
+            return tile_rows, blocks, WORDS
+    if rows <= line_capacity:
+        tile_rows, blocks = ll_grid(rows, max_blocks if line_max_blocks is None
+                                    else line_max_blocks)
+        if tile_rows <= line_max_rows:
+            return tile_rows, blocks, LINES
     return tile_grid(rows, max_blocks)
 
 
 @functools.cache
 def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=UNROLL,
-                   trace=False, word_by_word=False):
+                   trace=False, word_by_word=False, lines=False):
     f = device_functions()
     s = sync_functions()
     if dependent:  # griddepcontrol: Hopper and later
@@ -306,6 +393,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
     load_acquire, load_relaxed, store_release = (s["load_acquire"], s["load_relaxed"],
                                                  s["store_release"])
     load_pair, store_pair = s["load_pair"], s["store_pair"]
+    vote_all, vote_any = s["vote_all"], s["vote_any"]
     now_ns, pause = s["now_ns"], s["pause"]
     load_first_step, write_packed_row_from = packed_row_steps(push_group, quads=not halves)
     row_lse_bits = lse_bits_reader()
@@ -323,6 +411,10 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
     pairs, wide, f16 = kind == _BF16X2, kind == _F32, kind == _F16
     pay_words = 2 * n  # a (row, pair) item's words: two per shard
     lse_shape = (LL_TILE_ROWS, n)  # a word-by-word tile's LSE bits, per row and shard
+    held_items = line_items(n)  # a thread's items in lines, in registers throughout
+    line_pay_words = 4 * n * held_items  # four words per shard and item
+    line_lse_shape = (LINE_TILE_ROWS, n)
+    no_item = np.uint32(NO_ITEM)
     timed_out, peer_failed, gave_up = np.int64(TIMED_OUT), np.int64(PEER_FAILED), np.int64(-1)
 
     u64 = np.uint64
@@ -333,6 +425,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
     low32, thirty_two, sixteen, low16 = u64(0xFFFFFFFF), u64(32), u32(16), u32(0xFFFF)
     high16 = u32(0xFFFF0000)
     per_word = u64(2 if halves else 1)  # push elements per 32-bit word
+    u_chunks, u_last, u_line_words = u64(LINE_CHUNKS), u64(LINE_CHUNKS - 1), u64(LINE_WORDS)
     jit = cuda.jit(device=True)
 
     if trace:  # measurement only: each block's first thread notes the clock at milestones
@@ -600,10 +693,11 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                 dst[w * u_two + u_one] = encode(high, high)
 
     @jit
-    def ll_combine_item(pay, weights, lse_low, lse_high, r, b, h, c, out, out_lse, write_lse,
-                        base_e, me, d_values):
-        """The exact combine of pair c of row r (token b, local head h): every shard's
-        two payload words in ``pay`` (shard k at ``2k``), the LSEs as noted."""
+    def combine_words(pay, at, per, weights, lse_low, lse_high, r, b, h, wb, nw, out, out_lse,
+                      write_lse, base_e, me, d_values):
+        """The exact combine of payload words ``wb`` to ``wb + nw`` (at most 4) of row r
+        (token b, local head h): shard k's in ``pay[at + per * k:]``, the LSEs as
+        noted."""
         own = noted_lse(lse_low, lse_high, r, me)
         m = clean_lse(own)
         for p in range(n):
@@ -615,33 +709,203 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
             if p != me:
                 total += lse_exp(clean_lse(noted_lse(lse_low, lse_high, r, p)) - m, base_e)
         inv_total = inverse_total(total)
-        if write_lse and c == u64(0):
+        if write_lse and wb == u64(0):
             out_lse[b, h] = global_lse(total, m, base_e)
         for k in range(n):  # this rank's own first, then the peers in rank order
             weights[k] = shard_weight(noted_lse(lse_low, lse_high, r, shard_rank(k, me)), m,
                                       inv_total, base_e)
         dst = out[b, h]
-        for q in range(2):
-            w = c * u_two + u64(q)
-            if (w if wide else w * u_two) >= d_values:  # the LSE's bits or padding
+        for q in range(4):
+            w = wb + u64(q)
+            if u64(q) >= nw or (w if wide else w * u_two) >= d_values:  # the LSE or padding
                 continue
             low = zero
             high = zero
             for k in range(n):
                 if weights[k] != zero:  # a zero weight adds nothing, even NaN
-                    word = pay[2 * k + q]
+                    word = pay[at + per * k + q]
                     low += weights[k] * value_low(word)
                     if not wide:
                         high += weights[k] * value_high(word)
             store_word(dst, w, low, high, d_values)
 
     @jit
-    def ll_nan_item(r, b, h, c, out, out_lse, write_lse, d_values):
-        if write_lse and c == u64(0):
+    def nan_words(b, h, wb, nw, out, out_lse, write_lse, d_values):
+        if write_lse and wb == u64(0):
             out_lse[b, h] = nan
         dst = out[b, h]
-        store_word(dst, c * u_two, nan, nan, d_values)
-        store_word(dst, c * u_two + u_one, nan, nan, d_values)
+        for q in range(4):
+            if u64(q) < nw:
+                store_word(dst, wb + u64(q), nan, nan, d_values)
+
+    @jit
+    def line_span(c):
+        """Chunk c of a row in lines: its first payload word and how many it has (the
+        last chunk of a line ends in the flag)."""
+        q = c % u_chunks
+        return (c // u_chunks) * u_line_words + q * u64(4), u_two if q == u_last else u64(4)
+
+    @jit
+    def load_line_item(pay, j, data, lse_bits, seq_lens, query_start_loc, num_seqs, b, h, c,
+                       me, hn, d_count):
+        """Chunk c of every shard's packed row (token b, local head h of that shard's
+        rank) from this rank's input into held item j of ``pay`` (shard k's four
+        words at ``4 * (j * n + k)``). Every load is issued before any is used."""
+        wb, nw = line_span(c)
+        for k in range(n):
+            head = shard_rank(k, me) * hn + h
+            src = data[b, head]
+            bits = u32(0)
+            if (wb + nw) * per_word > d_count:  # the LSE may be in this chunk
+                bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)
+            at = 4 * (j * n + k)
+            for q in range(4):
+                pay[at + q] = packed_word(src, wb + u64(q), bits, d_count)
+
+    @jit
+    def send_line_item(pay, j, lines, slot, me, row, c, flag):
+        """Held item j to each peer's lines region, 16 bytes a lane: the 8 lanes of a
+        line store it in one instruction, its flag (``flag``) in the last 8 bytes."""
+        last = c % u_chunks == u_last
+        for k in range(1, n):
+            at = 4 * (j * n + k)
+            first = u64(pay[at]) | (u64(pay[at + 1]) << thirty_two)
+            second = flag if last else u64(pay[at + 2]) | (u64(pay[at + 3]) << thirty_two)
+            store_pair(lines[peer_rank(u64(k - 1), me)][slot, me, row], c * u_two, first,
+                       second)
+
+    @jit
+    def poll_line_item(pay, j, lines, slot, p, k, row, c, flag):
+        """Load peer p's (shard k's) chunk c of a row into held item j of ``pay``:
+        whether its line carries ``flag``."""
+        first, second = load_pair(lines[slot, p, row], c * u_two)
+        at = 4 * (j * n + k)
+        pay[at] = u32(first & low32)
+        pay[at + 1] = u32(first >> thirty_two)
+        pay[at + 2] = u32(second & low32)
+        pay[at + 3] = u32(second >> thirty_two)
+        return c % u_chunks != u_last or second == flag
+
+    @jit
+    def note_line_item(lse_low, lse_high, pay, j, r, c, me, d_count):
+        """Note the LSE bits that every shard's chunk c of row r holds (held item j)."""
+        wb, nw = line_span(c)
+        for k in range(n):
+            at = 4 * (j * n + k)
+            for q in range(4):
+                if u64(q) < nw:
+                    note_word(lse_low, lse_high, r, shard_rank(k, me), wb + u64(q), pay[at + q],
+                              d_count)
+
+    @jit
+    def place_held(rows_of, chunks_of, j, r, c, count, tile_first):
+        """Note where this thread's item j of a tile in lines is: row r of the tile's
+        ``count`` (:data:`NO_ITEM` past them), chunk c; 32 bits each."""
+        if r < count:
+            rows_of[j] = u32(tile_first + r)
+            chunks_of[j] = u32(c)
+        else:
+            rows_of[j] = no_item
+            chunks_of[j] = u32(0)
+
+    @jit
+    def next_item(r, c, row_step, chunk_step, chunks):
+        """(row, chunk) of the item ``threads`` after (r, c): no division."""
+        r += row_step
+        c += chunk_step
+        if c >= chunks:
+            c -= chunks
+            r += u_one
+        return r, c
+
+    @jit
+    def token_head(row, hn):
+        """Row ``row`` of a call (a 32-bit index): its token and local head."""
+        return u64(row // u32(hn)), u64(row % u32(hn))
+
+    @jit
+    def load_held(pay, j, rows_of, chunks_of, data, lse_bits, seq_lens, query_start_loc,
+                  num_seqs, me, hn, d_count):
+        if rows_of[j] != no_item:
+            b, h = token_head(rows_of[j], hn)
+            load_line_item(pay, j, data, lse_bits, seq_lens, query_start_loc, num_seqs, b, h,
+                           u64(chunks_of[j]), me, hn, d_count)
+
+    @jit
+    def send_held(pay, j, rows_of, chunks_of, lines, slot, me, flag):
+        if rows_of[j] != no_item:
+            send_line_item(pay, j, lines, slot, me, u64(rows_of[j]), u64(chunks_of[j]), flag)
+
+    @jit
+    def poll_held(pay, j, rows_of, chunks_of, lines, slot, p, k, flag):
+        """:func:`poll_line_item` for this thread's item j (True where it has none)."""
+        if rows_of[j] == no_item:
+            return True
+        return poll_line_item(pay, j, lines, slot, p, k, u64(rows_of[j]), u64(chunks_of[j]),
+                              flag)
+
+    @jit
+    def note_held(pay, j, rows_of, chunks_of, tile_first, lse_low, lse_high, me, d_count):
+        if rows_of[j] != no_item:
+            note_line_item(lse_low, lse_high, pay, j, u64(rows_of[j]) - tile_first,
+                           u64(chunks_of[j]), me, d_count)
+
+    @jit
+    def take_held(pay, rows_of, chunks_of, warp_first, items, tile_first, lines, slot, me, flag,
+                  flags, state, status, timeout_ns, lse_low, lse_high, d_count):
+        """Every peer's chunks of this thread's items (once their lines carry ``flag``),
+        their LSE bits noted. Warp-wide: every lane of the warp calls it, and it
+        returns the same for all: False when a wait failed. A look at all of a
+        thread's items is one round trip, however many there are."""
+        if warp_first >= items:  # no lane of this warp has an item
+            return True
+        for k in range(1, n):
+            p = peer_rank(u64(k - 1), me)
+            start = now_ns()
+            spins = 0
+            while True:
+                ok = poll_held(pay, 0, rows_of, chunks_of, lines, slot, p, k, flag)
+                if held_items > 1:
+                    ok1 = poll_held(pay, 1, rows_of, chunks_of, lines, slot, p, k, flag)
+                    ok = ok and ok1
+                if held_items > 2:
+                    ok2 = poll_held(pay, 2, rows_of, chunks_of, lines, slot, p, k, flag)
+                    ok = ok and ok2
+                if held_items > 3:
+                    ok3 = poll_held(pay, 3, rows_of, chunks_of, lines, slot, p, k, flag)
+                    ok = ok and ok3
+                if vote_all(ok):
+                    break
+                spins += 1
+                if spins % CHECK_EVERY == 0:
+                    give = False
+                    if not ok:
+                        give = stopped(flags, state, status, p, me, start, timeout_ns)
+                    if vote_any(give):
+                        return False
+                    pause()
+        note_held(pay, 0, rows_of, chunks_of, tile_first, lse_low, lse_high, me, d_count)
+        if held_items > 1:
+            note_held(pay, 1, rows_of, chunks_of, tile_first, lse_low, lse_high, me, d_count)
+        if held_items > 2:
+            note_held(pay, 2, rows_of, chunks_of, tile_first, lse_low, lse_high, me, d_count)
+        if held_items > 3:
+            note_held(pay, 3, rows_of, chunks_of, tile_first, lse_low, lse_high, me, d_count)
+        return True
+
+    @jit
+    def combine_held(pay, j, rows_of, chunks_of, tile_first, hn, bad, weights, lse_low,
+                     lse_high, out, out_lse, write_lse, base_e, me, d_values):
+        """Combine this thread's item j into the output (NaN if ``bad``)."""
+        if rows_of[j] != no_item:
+            b, h = token_head(rows_of[j], hn)
+            wb, nw = line_span(u64(chunks_of[j]))
+            if bad:  # no result: NaN, never stale or partial data
+                nan_words(b, h, wb, nw, out, out_lse, write_lse, d_values)
+            else:
+                combine_words(pay, 4 * j * n, 4, weights, lse_low, lse_high,
+                              u64(rows_of[j]) - tile_first, b, h, wb, nw, out, out_lse,
+                              write_lse, base_e, me, d_values)
 
     @jit
     def push_target(i, first, count, me, hn):
@@ -830,6 +1094,89 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         failed = cuda.shared.array(1, np.int32)
         block = u64(cuda.blockIdx.x)
         grid = u64(cuda.gridDim.x)
+        if lines:  # 128-byte lines with their own flags (a kernel of its own)
+            lse_low = cuda.shared.array(line_lse_shape, np.uint32)
+            lse_high = cuda.shared.array(line_lse_shape, np.uint32)
+            pay = cuda.local.array(line_pay_words, np.uint32)  # this thread's items
+            weights = cuda.local.array(n, np.float32)
+            if tid == u64(0):
+                failed[0] = 0
+            cuda.syncthreads()  # nothing is loaded before it: it costs little
+            stamp(state, epoch, 2)
+            release_dependents()  # the next call may start (it waits for this one)
+            dead = load_relaxed(state, 2) != 0  # a dead plan neither pushes nor waits
+            peer_flag = np.int64(0)  # as word by word: looked at once this thread has waited
+            if combining and tid < u_n and tid != me:
+                peer_flag = load_relaxed(flags[me], tid)
+            flag = u64(epoch)  # a line's flag: never repeats, so nothing is consumed
+            chunks = u64(lls[me].shape[3]) // u_two
+            d_values = u64(out.shape[2]) * (u_two if pairs else u_one)
+            warp_first = tid - tid % u_warp
+            has_tile = block < tiles  # a tile per block (ll_grid), every item of it held
+            tile_first = block * u64(tile_rows)
+            # the items one at a time, each by its own call: their indices into ``pay``
+            # are then constants, and ``pay`` stays in registers; where each is, once
+            rows_of = cuda.local.array(held_items, np.uint32)
+            chunks_of = cuda.local.array(held_items, np.uint32)
+            count = min(u64(tile_rows), rows - tile_first) if has_tile else u64(0)
+            row_step, chunk_step = threads // chunks, threads % chunks
+            r, c = tid // chunks, tid % chunks  # item tid, then every ``threads``-th
+            place_held(rows_of, chunks_of, 0, r, c, count, tile_first)
+            load_held(pay, 0, rows_of, chunks_of, data_bits, lse_bits, seq_lens, query_start_loc,
+                      num_seqs, me, hn, push_count)
+            if held_items > 1:
+                r, c = next_item(r, c, row_step, chunk_step, chunks)
+                place_held(rows_of, chunks_of, 1, r, c, count, tile_first)
+                load_held(pay, 1, rows_of, chunks_of, data_bits, lse_bits, seq_lens,
+                          query_start_loc, num_seqs, me, hn, push_count)
+            if held_items > 2:
+                r, c = next_item(r, c, row_step, chunk_step, chunks)
+                place_held(rows_of, chunks_of, 2, r, c, count, tile_first)
+                load_held(pay, 2, rows_of, chunks_of, data_bits, lse_bits, seq_lens,
+                          query_start_loc, num_seqs, me, hn, push_count)
+            if held_items > 3:
+                r, c = next_item(r, c, row_step, chunk_step, chunks)
+                place_held(rows_of, chunks_of, 3, r, c, count, tile_first)
+                load_held(pay, 3, rows_of, chunks_of, data_bits, lse_bits, seq_lens,
+                          query_start_loc, num_seqs, me, hn, push_count)
+            if pushing and not dead:  # pushes never wait: no deadlock
+                send_held(pay, 0, rows_of, chunks_of, lls, slot, me, flag)
+                if held_items > 1:
+                    send_held(pay, 1, rows_of, chunks_of, lls, slot, me, flag)
+                if held_items > 2:
+                    send_held(pay, 2, rows_of, chunks_of, lls, slot, me, flag)
+                if held_items > 3:
+                    send_held(pay, 3, rows_of, chunks_of, lls, slot, me, flag)
+            stamp(state, epoch, 3)
+            if combining and dead:
+                failed[0] = 1
+            elif combining:  # a wait's outcome is the same for the whole warp
+                if not take_held(pay, rows_of, chunks_of, warp_first, count * chunks, tile_first,
+                                 lls[me], slot, me, flag, flags, state, status, timeout_ns,
+                                 lse_low, lse_high, push_count):
+                    failed[0] = 1
+            if has_tile and peer_flag < 0 and failed[0] == 0:
+                status[tid] = peer_failed
+                give_up(flags, state, me)
+                failed[0] = 1
+            cuda.syncthreads()  # the tile's LSEs noted; every thread has read the epoch
+            arrive(state, epoch, combining, tid, threads)
+            stamp(state, epoch, 4)
+            if combining:
+                bad = failed[0] != 0
+                combine_held(pay, 0, rows_of, chunks_of, tile_first, hn, bad, weights, lse_low,
+                             lse_high, out, out_lse, write_lse, base_e, me, d_values)
+                if held_items > 1:
+                    combine_held(pay, 1, rows_of, chunks_of, tile_first, hn, bad, weights,
+                                 lse_low, lse_high, out, out_lse, write_lse, base_e, me, d_values)
+                if held_items > 2:
+                    combine_held(pay, 2, rows_of, chunks_of, tile_first, hn, bad, weights,
+                                 lse_low, lse_high, out, out_lse, write_lse, base_e, me, d_values)
+                if held_items > 3:
+                    combine_held(pay, 3, rows_of, chunks_of, tile_first, hn, bad, weights,
+                                 lse_low, lse_high, out, out_lse, write_lse, base_e, me, d_values)
+            stamp(state, epoch, 5)
+            return
         if word_by_word:  # no flag, no fence (a kernel of its own: its registers too)
             lse_low = cuda.shared.array(lse_shape, np.uint32)
             lse_high = cuda.shared.array(lse_shape, np.uint32)
@@ -915,10 +1262,10 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                                              state, status, timeout_ns, True):
                                 failed[0] = 1
                     if failed[0] != 0:  # no result: NaN, never stale or partial data
-                        ll_nan_item(r, b, h, c, out, out_lse, write_lse, d_values)
+                        nan_words(b, h, c * u_two, u_two, out, out_lse, write_lse, d_values)
                     else:
-                        ll_combine_item(pay, weights, lse_low, lse_high, r, b, h, c, out,
-                                        out_lse, write_lse, base_e, me, d_values)
+                        combine_words(pay, 0, 2, weights, lse_low, lse_high, r, b, h, c * u_two,
+                                      u_two, out, out_lse, write_lse, base_e, me, d_values)
                     i += threads
                 cuda.syncthreads()  # the LSEs read, before the next tile notes its own
                 t += grid
@@ -1001,15 +1348,17 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
 
 @functools.cache
 def direct_kernel(dtype, n, push_bits, pairs=False, push_group=WARP, group=WARP,
-                  dependent=False, trace=False, word_by_word=False):
+                  dependent=False, trace=False, word_by_word=False, lines=False):
     """The direct kernel for output ``dtype`` (bfloat16 ``pairs``: uint32 words in
     the combine), ``n`` ranks, the push's element bits ``push_bits`` (uint16 or
     uint32) and the push's and combine's lanes per row. ``dependent``: launched as
     a programmatic dependent of the kernel before it on its stream (Hopper and
     later): it may start while that kernel ends, and lets the next one do so.
-    ``word_by_word``: the kernel of the word-by-word calls, else that of the calls
-    in tiles behind flags (the same arguments). ``trace``: for measurement only,
-    each block's first thread stores the global timer at the call's milestones
+    ``word_by_word``: the kernel of the word-by-word calls, ``lines``: of the calls
+    in lines, else that of the calls in tiles behind flags (the same arguments;
+    the word-by-word region's argument is the lines region for ``lines``).
+    ``trace``: for measurement only, each block's first thread stores the global
+    timer at the call's milestones
     into ``state``, after its :data:`STATE_WORDS`: ``[2][blocks][TRACE_STAMPS]``
     by call parity, ``blocks`` as many as the rest of ``state`` holds (see
     ``cupy_dcp._direct_trace``)."""
@@ -1028,31 +1377,33 @@ def direct_kernel(dtype, n, push_bits, pairs=False, push_group=WARP, group=WARP,
                 types.UniTuple(array_type(np.uint64, 4, True), n), i64)
     return SpecializedKernel(_direct_kernel(kind, n, push_group, group,
                                             np.dtype(push_bits).itemsize == 2, dependent,
-                                            trace=trace, word_by_word=word_by_word),
+                                            trace=trace, word_by_word=word_by_word,
+                                            lines=lines),
                              argtypes, dependent=dependent)
 
 
-def call_kernels(dtype, n, bits, head_dim, dependent=False, word_by_word=False):
+def call_kernels(dtype, n, bits, head_dim, dependent=False, word_by_word=False, lines=False):
     """The kernels that the calls of a plan (output ``dtype``, element ``bits``,
-    ``head_dim``) may launch on one path (``word_by_word`` or in tiles): their
-    residency bounds the grid (``resident_blocks``)."""
+    ``head_dim``) may launch on one path (``word_by_word``, in ``lines`` or in
+    tiles): their residency bounds the grid (``resident_blocks``)."""
     D = head_dim
+    path = dict(word_by_word=word_by_word, lines=lines)
     kernels = [direct_kernel(dtype, n, bits, False, lanes_per_row(D), lanes_per_row(D),
-                             dependent, word_by_word=word_by_word)]
+                             dependent, **path)]
     if np.dtype(bits).itemsize == 2 and D % 2 == 0:  # the usual case: 16-bit data as words
         kernels.append(direct_kernel(dtype, n, np.dtype(np.uint32), False, lanes_per_row(D // 2),
-                                     lanes_per_row(D), dependent, word_by_word=word_by_word))
+                                     lanes_per_row(D), dependent, **path))
         if np.dtype(dtype) == BFLOAT16:  # and combined in pairs, where the output allows
             kernels.append(direct_kernel(dtype, n, np.dtype(np.uint32), True,
                                          lanes_per_row(D // 2), lanes_per_row(D // 2), dependent,
-                                         word_by_word=word_by_word))
+                                         **path))
     return kernels
 
 
 def direct_launch(dtype, data, lse, seq_lens, query_start_loc, num_seqs, windows, flags, lls,
                   state, status, out, out_lse, is_lse_base_on_e, self_rank, timeout_ns,
                   max_blocks, phases=PUSH | COMBINE, warps=WARPS, dependent=False,
-                  ll_max_blocks=None):
+                  ll_max_blocks=None, lines=None, line_max_blocks=None):
     """``(kernel, grid, block, args)`` of one direct call, :class:`DeviceArray`
     arguments in.
 
@@ -1062,8 +1413,10 @@ def direct_launch(dtype, data, lse, seq_lens, query_start_loc, num_seqs, windows
     ``flags``: every rank's int64 flags (:func:`flag_words`); ``lls``: every
     rank's word-by-word region, uint64 ``[2, N, R, ll_words]`` (``R`` rows, may
     be 0); ``out`` ``[B, H/N, D]`` seen as bits (``None`` for ``phases ==
-    PUSH``); ``max_blocks`` and ``ll_max_blocks`` (by default the same): the
-    most blocks of the tiled and of the word-by-word kernel that are sure to be
+    PUSH``); ``lines``: every rank's lines region, uint64 ``[2, N, R',
+    line_words]`` (``None``: none); ``max_blocks``, ``ll_max_blocks`` and
+    ``line_max_blocks`` (by default the first): the
+    most blocks of the tiled, of the word-by-word and of the lines kernel that are sure to be
     resident at once beside those of the other ranks on this GPU (blocks of
     ``warps`` warps, at most :data:`WARPS`: the kernels' launch bounds;
     :func:`call_grid` picks the kernel); ``dependent``: launch
@@ -1106,16 +1459,29 @@ def direct_launch(dtype, data, lse, seq_lens, query_start_loc, num_seqs, windows
     vector = (push_data.dtype.itemsize == 4 and push_data.shape[2] % QUAD == 0
               and all(a.rows_aligned(16) for a in (push_data,) + push_windows))
     rows = data.shape[0] * windows[0].shape[3]
-    tile_rows, blocks, push_blocks = call_grid(rows, lls[me].shape[2], max_blocks, ll_max_blocks)
+    threads = WARP * warps
+    if lines is None or not lines[me].shape[2]:
+        line_capacity, line_max_rows = 0, 0
+    else:
+        for region in lines:  # lines stored whole: 128-byte aligned, whole lines a row
+            if (region.ptr % LINE_BYTES or not region.is_c_contiguous()
+                    or region.shape[3] % (LINE_BYTES // 8)):
+                raise ValueError("a lines region must be C-contiguous, 128-byte aligned, "
+                                 "with whole 128-byte lines per row")
+        line_capacity = lines[me].shape[2]
+        line_max_rows = line_tile_rows(n, lines[me].shape[3], threads)
+    tile_rows, blocks, push_blocks = call_grid(rows, lls[me].shape[2], max_blocks, ll_max_blocks,
+                                               line_capacity, line_max_rows, line_max_blocks)
     for ll in lls:  # stored and loaded 16 bytes at a time: a misaligned pair faults
         if ll.shape[2] and (ll.ptr % 16 or not ll.is_c_contiguous() or ll.shape[3] % 2):
             raise ValueError("a word-by-word region must be C-contiguous, 16-byte aligned, "
                              "with an even number of words per row")
     kernel = direct_kernel(dtype, n, push_data.dtype, kind == _BF16X2,
                            lanes_per_row(push_data.shape[2]), lanes_per_row(vals_out.shape[2]),
-                           dependent, word_by_word=push_blocks < 0)
+                           dependent, word_by_word=push_blocks == WORDS,
+                           lines=push_blocks == LINES)
     return kernel, (blocks,), (WARP, warps), (
         int(phases), push_data, vals_data, lse.view(np.uint32), lse, seq_lens, query_start_loc,
         int(num_seqs), push_windows, vals, bits, tuple(flags), state, status, vals_out, out_lse,
         int(write_lse), int(bool(is_lse_base_on_e)), me, int(timeout_ns), int(tile_rows),
-        int(push_blocks), tuple(lls), int(vector))
+        int(push_blocks), tuple(lines if push_blocks == LINES else lls), int(vector))

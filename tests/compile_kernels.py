@@ -5,7 +5,7 @@ Run: python tests/compile_kernels.py [MAJOR MINOR]   (compute capability, 9 0 by
 Numba types a kernel only when it compiles it, and CI has no GPU: a typing
 error in a kernel would reach main unseen. This compiles each kernel that the
 plans can launch (every dtype, both combine lane groups, N = 2 and 3, the
-direct kernel in tiles and word by word, launched plain and as a programmatic
+direct kernel in tiles, word by word and in lines, launched plain and as a programmatic
 dependent, traced) for the given compute capability, through NVVM alone.
 It needs NVVM and NVRTC (``numba-cuda[cu12]`` or ``[cu13]``, or the
 ``nvidia-nvvm`` and ``nvidia-cuda-nvrtc`` wheels, or a CUDA toolkit) and no
@@ -50,11 +50,11 @@ def kernels():
         add(f"bare push N={n}", bare_push.bare_push_kernel(n))
     for dtype, n, d in ((dtypes[1], 2, 512), (dtypes[0], 3, 72), (dtypes[2], 2, 300)):
         bits = np.dtype(np.uint32 if dtype.itemsize == 4 else np.uint16)
-        for word_by_word in (False, True):
+        for path in ("tiles", "words", "lines"):
             for dependent in (False, True):
                 for i, k in enumerate(direct.call_kernels(dtype, n, bits, d, dependent,
-                                                          word_by_word)):
-                    add(f"direct {dtype} N={n} D={d} {'words' if word_by_word else 'tiles'}"
+                                                          path == "words", path == "lines")):
+                    add(f"direct {dtype} N={n} D={d} {path}"
                         f"{' dependent' if dependent else ''} #{i} pushes "
                         f"{k.argtypes[1].dtype}", k)
     add("direct bfloat16 N=2 D=512 tiles traced pushes uint32",

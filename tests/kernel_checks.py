@@ -132,6 +132,14 @@ def check_combine_rounds_to_nearest_even(to_device, to_host, dtype, b, hn, d, rn
     np.testing.assert_array_equal(to_host(out).view(bits), exact.astype(dtype).view(bits))
 
 
+def _aligned_zeros(shape, dtype, alignment):
+    """Zeros whose first byte is ``alignment``-aligned (a host array's may not be)."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.zeros(nbytes + alignment, np.uint8)
+    skip = -raw.ctypes.data % alignment
+    return raw[skip:skip + nbytes].view(dtype).reshape(shape)
+
+
 class DirectRanks:
     """The direct kernel of N ranks in one process: their windows, flags, states and
     statuses. ``push`` and ``combine`` run one rank's call a phase at a time, so that
@@ -140,7 +148,7 @@ class DirectRanks:
     runs the whole call on a stream, for ranks whose kernels run concurrently."""
 
     def __init__(self, to_device, dtype, n, max_tokens, h, d, timeout_ns=10**9, max_blocks=3,
-                 warps=2, ll_rows=None):
+                 warps=2, ll_rows=None, line_rows=0):
         from cupy_dcp.kernels._arrays import kernel_array
         from cupy_dcp.kernels.direct import STATE_WORDS, window_layout
         from cupy_dcp.layout import bits_dtype
@@ -149,8 +157,10 @@ class DirectRanks:
         self.bits = bits_dtype(dtype)
         self.timeout_ns, self.max_blocks, self.warps = timeout_ns, max_blocks, warps
         width = d + lse_pack_dim(dtype)
-        # the plan's layout (ll_rows None: as the plan sizes it), each part its own array
-        layout = window_layout(n, max_tokens, h // n, width, self.bits.itemsize, ll_rows)
+        # the plan's layout (ll_rows, line_rows None: as the plan sizes them), each part
+        # its own array
+        layout = window_layout(n, max_tokens, h // n, width, self.bits.itemsize, ll_rows,
+                               line_rows)
         self.owners = [to_device(np.zeros(layout.padded_slots_shape, self.bits)) for _ in range(n)]
         rows = [w[..., :width] for w in self.owners]  # the plan's padded rows
         self.flag_owners = [to_device(np.zeros(layout.flag_words, np.int64)) for _ in range(n)]
@@ -158,11 +168,15 @@ class DirectRanks:
         self.status_owners = [to_device(np.zeros(n, np.int64)) for _ in range(n)]
         self.ll_owners = [to_device(np.zeros(layout.ll_shape, np.uint64)) for _ in range(n)]
         self.lls = tuple(kernel_array(w, np.uint64) for w in self.ll_owners)
+        self.line_owners = [to_device(_aligned_zeros(layout.line_shape, np.uint64, 128))
+                            for _ in range(n)]
+        self.lines = tuple(kernel_array(w, np.uint64) for w in self.line_owners)
         self.windows = tuple(kernel_array(w, self.bits) for w in rows)
         self.flags = tuple(kernel_array(f, np.int64) for f in self.flag_owners)
         self.states = [kernel_array(s, np.int64) for s in self.state_owners]
         self.statuses = [kernel_array(s, np.int64) for s in self.status_owners]
         self.extra_blocks = 0  # launched beyond the call's grid: blocks without a tile
+        self.paths = []  # each call's ``push_blocks``: WORDS, LINES, or in tiles (>= 0)
 
     def _mask(self, mask):
         from cupy_dcp.kernels._arrays import dummy_index, kernel_array
@@ -186,8 +200,9 @@ class DirectRanks:
             self.statuses[r],
             None if out is None else kernel_array(out, self.bits),
             None if out_lse is None else kernel_array(out_lse, np.float32), base_e, r,
-            self.timeout_ns, self.max_blocks, phases, self.warps)
+            self.timeout_ns, self.max_blocks, phases, self.warps, lines=self.lines)
         self.last_args = args
+        self.paths.append(args[-3])
         kernel((grid[0] + self.extra_blocks,), block, stream_ptr(stream), args)
 
     def push(self, r, x, lse, mask=None):
@@ -212,16 +227,19 @@ def _mask_lses(ls, seq_lens, qsl):
 
 def check_direct(to_device, to_host, dtype, n, tokens, h, d, rng, base_e=True, head_major=False,
                  strided_input=False, masks=False, streams=None, sync=None, max_blocks=3,
-                 warps=2, ll_rows=None, epoch=0):
+                 warps=2, ll_rows=None, epoch=0, line_rows=0):
     """Calls of the direct kernel (one per entry of ``tokens``: B may change between
     calls, the slots alternate) against the oracle, on every rank: a phase at a
     time, or with ``streams`` (one per rank) whole calls running concurrently
     (``sync()`` waits for all the device's work). Calls of no more than ``ll_rows``
-    rows per rank pair go word by word (``None``: as many as the plan's). ``epoch``:
-    the calls the ranks' plans are taken to have made before."""
+    rows per rank pair go word by word (``None``: as many as the plan's), then
+    those of no more than ``line_rows`` in lines (``None``: as the plan's; 0:
+    none; a tile in lines needs few enough rows, too: ``max_blocks``). ``epoch``:
+    the calls the ranks' plans are taken to have made before. Returns the set of
+    the paths the calls took (``push_blocks``: WORDS, LINES, or >= 0 in tiles)."""
     hn = h // n
     ranks = DirectRanks(to_device, dtype, n, max(tokens), h, d, max_blocks=max_blocks,
-                        warps=warps, ll_rows=ll_rows)
+                        warps=warps, ll_rows=ll_rows, line_rows=line_rows)
     if epoch:
         for r in range(n):
             ranks.state_owners[r][...] = to_device(np.array([epoch, 0, 0, 0], dtype=np.int64))
@@ -276,6 +294,7 @@ def check_direct(to_device, to_host, dtype, n, tokens, h, d, rng, base_e=True, h
         assert not to_host(ranks.status_owners[r]).any()
         # every word sent word by word was consumed (zeroed) by its reader
         assert not to_host(ranks.ll_owners[r]).any(), f"rank {r}: words left unconsumed"
+    return set(ranks.paths)
 
 
 def check_direct_quads(to_device, to_host, dtype, rng, b, d, pad=0, offset=0):
@@ -323,22 +342,27 @@ QUAD_CASES = [  # (dtype, b, d, pad, offset, moved as quads): b = 3 small, 30 sp
 
 
 def check_direct_missing_peer(to_device, to_host, dtype, rng, timeout_ns=50_000_000, b=40,
-                              slack_s=1.0, ll_rows=0):
+                              slack_s=1.0, ll_rows=0, line_rows=0):
     """Rank 1 skips call 2: rank 0's combine gives up (TIMED_OUT, NaN out, tells rank 1)
     within the bound, though its grid has several blocks (once one gave up, the
-    others stop; ``b`` and ``ll_rows`` pick the schedule, see ``tile_grid``); rank
+    others stop; ``b``, ``ll_rows`` and ``line_rows`` pick the schedule, see
+    ``call_grid``); rank
     1's call 2 then fails at once (PEER_FAILED); rank 0's call 3 neither pushes nor
     waits."""
 
     import time
 
-    from cupy_dcp.kernels.direct import PEER_FAILED, TIMED_OUT, ll_grid, tile_grid
+    from cupy_dcp.kernels._rows import WARP
+    from cupy_dcp.kernels.direct import PEER_FAILED, TIMED_OUT, call_grid, line_tile_rows
 
     n, h, d = 2, 4, 8
     rows = b * h // n
-    grid = ll_grid(rows, 3) if rows <= ll_rows else tile_grid(rows, 3)
+    ranks = DirectRanks(to_device, dtype, n, b, h, d, timeout_ns=timeout_ns, ll_rows=ll_rows,
+                        line_rows=line_rows)
+    lines = ranks.lines[0].shape
+    grid = call_grid(rows, ll_rows, ranks.max_blocks, None, lines[2],
+                     line_tile_rows(n, lines[3], WARP * ranks.warps))
     assert grid[1] > 1, "the test needs several blocks"
-    ranks = DirectRanks(to_device, dtype, n, b, h, d, timeout_ns=timeout_ns, ll_rows=ll_rows)
     xs, ls = make_inputs(rng, n, b, h, d, dtype, adversarial=False)
     xd, ld = [to_device(xs[r]) for r in range(n)], [to_device(ls[r]) for r in range(n)]
     outs = [to_device(np.zeros((b, h // n, d), dtype=dtype)) for _ in range(n)]
@@ -363,15 +387,15 @@ def check_direct_missing_peer(to_device, to_host, dtype, rng, timeout_ns=50_000_
     ranks.call(1, xd[1], ld[1], outs[1], lses[1])
     assert np.isnan(to_host(outs[1]).astype(np.float32)).all()
     assert to_host(ranks.status_owners[1]).tolist() == [PEER_FAILED, 0]
-    before = to_host(ranks.owners[1]).copy(), to_host(ranks.ll_owners[1]).copy()
+    before = [to_host(a[1]).copy() for a in (ranks.owners, ranks.ll_owners, ranks.line_owners)]
     start = time.monotonic()
     ranks.push(0, xd[0], ld[0])  # rank 0's call 3: dead, pushes nothing, waits for nothing
     ranks.combine(0, xd[0], ld[0], outs[0], lses[0])
     assert np.isnan(to_host(outs[0]).astype(np.float32)).all()
     dead_call = time.monotonic() - start
     assert dead_call < waited - 0.5 * timeout_ns * 1e-9, (dead_call, waited)
-    np.testing.assert_array_equal(to_host(ranks.owners[1]), before[0])
-    np.testing.assert_array_equal(to_host(ranks.ll_owners[1]), before[1])
+    for a, was in zip((ranks.owners, ranks.ll_owners, ranks.line_owners), before):
+        np.testing.assert_array_equal(to_host(a[1]), was)
 
 
 def check_bare_push(to_device, to_host, n, words, blocks, rng, calls=2, timeout_ns=20_000_000):

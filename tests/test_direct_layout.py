@@ -10,10 +10,12 @@ import itertools
 import numpy as np
 import pytest
 
-from cupy_dcp.kernels.direct import (LL_MAX_ROWS, LL_TILE_ROWS, MIN_TILE_ROWS, SMALL_TILE_ROWS,
-                                     SPLIT_TILE_ROWS, TILES_PER_BLOCK, WARPS, call_grid,
-                                     direct_launch, flag_words, ll_grid, ll_rows, ll_words,
-                                     row_stride, tile_grid, window_layout)
+from cupy_dcp.kernels.direct import (LINE_BYTES, LINE_MAX_ROWS, LINE_TILE_ROWS, LINE_WORDS, LINES,
+                                     LL_MAX_ROWS, LL_TILE_ROWS, MIN_TILE_ROWS, SMALL_TILE_ROWS,
+                                     SPLIT_TILE_ROWS, TILES_PER_BLOCK, WARPS, WORDS, call_grid,
+                                     direct_launch, flag_words, line_items, line_tile_rows,
+                                     line_words, ll_grid, ll_rows, ll_words, row_stride,
+                                     tile_grid, window_layout)
 
 
 @pytest.mark.parametrize("n, max_tokens, local_heads", [(2, 1, 1), (2, 7, 3), (4, 33, 16),
@@ -86,6 +88,48 @@ def test_call_grid_sends_small_tiles_word_by_word(capacity, max_blocks):
             assert (tile_rows, blocks, push_blocks) == tile_grid(rows, max_blocks)
 
 
+@pytest.mark.parametrize("itemsize, width", list(itertools.product((2, 4), (1, 3, 30, 59, 60, 61,
+                                                                            514, 1025))))
+def test_rows_in_lines(itemsize, width):
+    """A row in lines: whole 128-byte lines, each with 30 words of the row, no more
+    lines than it takes."""
+    words = line_words(width, itemsize)
+    lines = words * 8 // LINE_BYTES
+    assert words % (LINE_BYTES // 8) == 0
+    assert (lines - 1) * LINE_WORDS < -(-width * itemsize // 4) <= lines * LINE_WORDS
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8, 16])
+@pytest.mark.parametrize("words", [16, 48, 144, 288, 2048])
+@pytest.mark.parametrize("threads", [64, 256])
+def test_a_tile_in_lines_is_held_whole(n, words, threads):
+    """Every item (16-byte chunk of a row) of a tile in lines has a thread's register
+    place to stay in: at most ``line_items`` per thread, 32 words of them up to 8 ranks."""
+    rows, chunks = line_tile_rows(n, words, threads), words // 2
+    assert 0 <= rows <= LINE_TILE_ROWS and rows * chunks <= line_items(n) * threads
+    assert rows == LINE_TILE_ROWS or (rows + 1) * chunks > line_items(n) * threads
+    assert 1 <= line_items(n) <= 4 and (n > 8 or 4 * n * line_items(n) <= 32)
+
+
+@pytest.mark.parametrize("max_blocks", [3, 66, 264])
+@pytest.mark.parametrize("line_max_rows", [0, 3, 14, 64])
+def test_call_grid_sends_calls_in_lines_between_words_and_tiles(max_blocks, line_max_rows):
+    """Word by word up to the words' capacity; then in lines where the lines' region
+    holds the call and a block's tile in lines no more than ``line_max_rows``;
+    else in tiles. The lines take a grid of their own blocks."""
+    words, lines = 16, 1000
+    for rows in range(1, 1200):
+        tile_rows, blocks, push_blocks = call_grid(rows, words, max_blocks, None, lines,
+                                                   line_max_rows, max_blocks - 1)
+        if rows <= words and ll_grid(rows, max_blocks)[0] <= LL_TILE_ROWS:
+            assert push_blocks == WORDS
+        elif rows <= lines and ll_grid(rows, max_blocks - 1)[0] <= line_max_rows:
+            assert push_blocks == LINES
+            assert (tile_rows, blocks) == ll_grid(rows, max_blocks - 1)
+        else:
+            assert (tile_rows, blocks, push_blocks) == tile_grid(rows, max_blocks)
+
+
 @pytest.mark.parametrize("n, max_tokens, local_heads", [(2, 1, 1), (2, 9, 64), (4, 33, 5),
                                                         (8, 2048, 16)])
 @pytest.mark.parametrize("itemsize, width", [(2, 514), (2, 131), (4, 513), (4, 1)])
@@ -107,20 +151,31 @@ def test_window_layout(n, max_tokens, local_heads, itemsize, width, rows):
     assert layout.ll_offset == layout.slots_offset + step and layout.ll_offset % 16 == 0
     expect_rows = ll_rows(max_tokens, local_heads) if rows is None else rows
     assert layout.ll_shape == (2, n, expect_rows, ll_words(width, itemsize))
-    assert layout.nbytes == layout.ll_offset + 8 * int(np.prod(layout.ll_shape))
+    # then the lines, from the next 128-byte boundary: whole lines per row
+    ll_end = layout.ll_offset + 8 * int(np.prod(layout.ll_shape))
+    assert layout.line_offset % LINE_BYTES == 0 and 0 <= layout.line_offset - ll_end < LINE_BYTES
+    lines = min(max_tokens * local_heads, LINE_MAX_ROWS)
+    assert layout.line_shape == (2, n, lines, line_words(width, itemsize))
+    assert layout.nbytes == layout.line_offset + 8 * int(np.prod(layout.line_shape))
+    assert window_layout(n, max_tokens, local_heads, width, itemsize, rows, 0).line_shape[2] == 0
 
 
 def test_window_layout_in_bytes():
     """Two windows worked out by hand: bf16 rows of 1028 bytes padded to 1152 (a
     line), float32 rows of 2052 bytes padded to 2176."""
     layout = window_layout(2, 9, 64, 514, 2)
-    assert (layout.flag_words, layout.slots_offset, layout.ll_offset, layout.nbytes) == (
+    assert (layout.flag_words, layout.slots_offset, layout.ll_offset, layout.line_offset) == (
         146, 1536, 1536 + 2 * 2 * 9 * 64 * 1152, 2655744 + 8 * 2 * 2 * 256 * 258)
     assert layout.slots_strides == (2 * 9 * 64 * 1152, 9 * 64 * 1152, 64 * 1152, 1152, 2)
+    # 1028 bytes a row: 257 words, 9 lines of 30
+    assert layout.line_shape == (2, 2, 576, 9 * 16)
+    assert layout.nbytes == 4769280 + 8 * 2 * 2 * 576 * 144
     layout = window_layout(4, 33, 5, 513, 4)
-    assert (layout.flag_words, layout.slots_offset, layout.ll_offset, layout.nbytes) == (
+    assert (layout.flag_words, layout.slots_offset, layout.ll_offset, layout.line_offset) == (
         88, 1024, 1024 + 2 * 4 * 33 * 5 * 2176, 2873344 + 8 * 2 * 4 * 165 * 514)
     assert layout.ll_shape == (2, 4, 165, 514)
+    assert layout.line_shape == (2, 4, 165, 18 * 16)  # 513 words: 18 lines
+    assert layout.nbytes == 8301184 + 8 * 2 * 4 * 165 * 288
 
 
 @pytest.mark.parametrize("warps", [0, WARPS + 1, 4 * WARPS])

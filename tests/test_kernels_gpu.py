@@ -213,6 +213,36 @@ def test_direct_kernels_match_reference(dtype, d, n):
                  streams=streams, sync=sync, max_blocks=blocks, ll_rows=4, epoch=2**32 - 3)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("d", [1, 72, 128, 512])
+@pytest.mark.parametrize("n", [2, 4])
+def test_direct_kernels_in_lines(dtype, d, n):
+    """Calls in 128-byte lines among calls word by word and in tiles, against the
+    oracle: a phase at a time, then whole calls of every rank running at once on
+    their own streams (each line's flag polled while its stores are in flight),
+    strided, masked and head-major among them."""
+    import cupy
+
+    from cupy_dcp.kernels.direct import LINES, WORDS
+
+    to_device, to_host = cupy_io()
+    rng = np.random.default_rng(d + n + 1)
+    paths = check_direct(to_device, to_host, dtype, n, [3, 1, 2, 9, 40], 2 * n, d, rng,
+                         base_e=d != 72, warps=8, ll_rows=2, line_rows=None)
+    assert LINES in paths, paths
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(n)]
+    sync = cupy.cuda.runtime.deviceSynchronize
+    blocks = cupy.cuda.Device().attributes["MultiProcessorCount"] // n  # all resident
+    paths = check_direct(to_device, to_host, dtype, n, [5, 1, 6, 600, 7, 24, 2, 5, 6], 8 * n, d,
+                         rng, base_e=d != 72, streams=streams, sync=sync, max_blocks=blocks,
+                         warps=8, ll_rows=8, line_rows=None)
+    assert {LINES, WORDS} <= paths and max(paths) >= 0, paths  # and some in tiles
+    paths = check_direct(to_device, to_host, dtype, n, [3, 40, 4], 2 * n, d, rng,
+                         head_major=True, strided_input=True, masks=True, streams=streams,
+                         sync=sync, max_blocks=blocks, warps=8, ll_rows=2, line_rows=None)
+    assert LINES in paths, paths
+
+
 @pytest.mark.parametrize("dtype, b, d, pad, offset, quads", QUAD_CASES,
                          ids=lambda v: ("quads" if v else "words") if isinstance(v, bool) else str(v))
 def test_direct_pushes_16_byte_quads_where_rows_allow(dtype, b, d, pad, offset, quads):
@@ -223,12 +253,12 @@ def test_direct_pushes_16_byte_quads_where_rows_allow(dtype, b, d, pad, offset, 
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("b, ll_rows", [(8, 0), (40, 0), (8, 16)],
-                         ids=["blocks_push_and_combine", "split_blocks", "word_by_word"])
-def test_direct_kernels_missing_peer(dtype, b, ll_rows):
+@pytest.mark.parametrize("b, ll_rows, line_rows", [(8, 0, 0), (40, 0, 0), (8, 16, 0), (8, 0, None)],
+                         ids=["blocks_push_and_combine", "split_blocks", "word_by_word", "lines"])
+def test_direct_kernels_missing_peer(dtype, b, ll_rows, line_rows):
     to_device, to_host = cupy_io()
     check_direct_missing_peer(to_device, to_host, dtype, np.random.default_rng(3), b=b,
-                              ll_rows=ll_rows)
+                              ll_rows=ll_rows, line_rows=line_rows)
 
 
 @pytest.mark.parametrize("n, words, blocks", [(2, 2, 1), (2, 4098, 16), (3, 130, 5)])

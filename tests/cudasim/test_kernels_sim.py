@@ -130,6 +130,39 @@ def test_direct_word_by_word_with_several_items_per_thread(dtype):
     check_direct(ident, host, dtype, 2, [4, 3], 8, 40, np.random.default_rng(3), ll_rows=16)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n, h, d", [(2, 4, 3), (3, 6, 8), (2, 2, 1), (4, 4, 6), (2, 4, 40),
+                                     (2, 2, 75)],
+                         ids=["N2D3", "N3D8", "N2D1", "N4D6", "N2D40", "N2D75"])
+def test_direct_in_lines(dtype, n, h, d):
+    """Calls in 128-byte lines among calls word by word (B = 1) and in tiles (B = 30:
+    more rows than the lines region's 8 tokens), the slots' parities shared: exact,
+    the LSE anywhere in a row (D = 40, 75: rows of two and three lines), B = 8 with
+    more items than a block of 64 threads has threads."""
+    from cupy_dcp.kernels.direct import LINES, WORDS
+
+    paths = check_direct(ident, host, dtype, n, [3, 1, 2, 30, 8, 1, 5], h, d,
+                         np.random.default_rng(n * d + 1), ll_rows=h // n, line_rows=8 * (h // n))
+    assert LINES in paths and WORDS in paths and any(p >= 0 for p in paths), paths
+
+
+def test_direct_in_lines_with_every_item_held():
+    """Tiles in lines whose blocks hold as many items as they can: four per thread
+    (16 rows of 16 chunks on 64 threads), or fewer; other calls between them."""
+    from cupy_dcp.kernels.direct import LINES, line_tile_rows, line_words
+
+    assert line_tile_rows(2, line_words(41, 4), 64) == 16
+    paths = check_direct(ident, host, np.dtype(np.float32), 2, [24, 20, 23, 24], 4, 40,
+                         np.random.default_rng(24), ll_rows=0, line_rows=None)
+    assert paths == {LINES}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_direct_in_lines_strided_masked(dtype):
+    check_direct(ident, host, dtype, 3, [4, 5], 6, 4, np.random.default_rng(15),
+                 head_major=True, strided_input=True, masks=True, ll_rows=0, line_rows=None)
+
+
 def _one_exact_float32_call(ranks, n, b, h, d, rng):
     """One direct call of every rank (every push, then every combine) on float32
     inputs of B = b, checked against the oracle."""
@@ -164,14 +197,16 @@ def test_direct_pushes_16_byte_quads_where_rows_allow(dtype, b, d, pad, offset, 
                               offset) == quads
 
 
-@pytest.mark.parametrize("ll_rows", [16, 0], ids=["word_by_word", "tiles"])
-def test_direct_blocks_without_a_tile_arrive(ll_rows):
+@pytest.mark.parametrize("ll_rows, line_rows", [(16, 0), (0, None), (0, 0)],
+                         ids=["word_by_word", "lines", "tiles"])
+def test_direct_blocks_without_a_tile_arrive(ll_rows, line_rows):
     """A grid with a block more than the call has tiles: that block still counts in
     the epoch's arrival, so the epoch advances and the count is reset."""
     from kernel_checks import DirectRanks
 
     n, h, d, b = 2, 4, 8, 2
-    ranks = DirectRanks(ident, np.dtype(np.float32), n, b, h, d, ll_rows=ll_rows)
+    ranks = DirectRanks(ident, np.dtype(np.float32), n, b, h, d, ll_rows=ll_rows,
+                        line_rows=line_rows)
     ranks.extra_blocks = 1
     _one_exact_float32_call(ranks, n, b, h, d, np.random.default_rng(4))
     for r in range(n):
@@ -195,12 +230,12 @@ def test_direct_strided_masked(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("b, ll_rows", [(8, 0), (40, 0), (8, 16)],
-                         ids=["blocks_push_and_combine", "split_blocks", "word_by_word"])
-def test_direct_missing_peer(dtype, b, ll_rows):
+@pytest.mark.parametrize("b, ll_rows, line_rows", [(8, 0, 0), (40, 0, 0), (8, 16, 0), (8, 0, None)],
+                         ids=["blocks_push_and_combine", "split_blocks", "word_by_word", "lines"])
+def test_direct_missing_peer(dtype, b, ll_rows, line_rows):
     # several blocks wait; the simulator is slow, hence the slack
     check_direct_missing_peer(ident, host, dtype, np.random.default_rng(9), timeout_ns=2 * 10**9,
-                              b=b, slack_s=20.0, ll_rows=ll_rows)
+                              b=b, slack_s=20.0, ll_rows=ll_rows, line_rows=line_rows)
 
 
 @pytest.mark.parametrize("n, words, blocks", [(2, 2, 1), (2, 34, 3), (3, 130, 2)])
@@ -208,8 +243,11 @@ def test_bare_push_delivers_every_row_and_bounds_its_wait(n, words, blocks):
     check_bare_push(ident, host, n, words, blocks, np.random.default_rng(words))
 
 
-@pytest.mark.parametrize("b, ll_rows", [(1, 16), (6, 0)], ids=["word_by_word", "tiles"])
-def test_direct_trace_notes_each_block_milestones_in_order(monkeypatch, b, ll_rows):
+@pytest.mark.parametrize("b, ll_rows, line_rows, path",
+                         [(1, 16, 0, "WORDS"), (6, 0, None, "LINES"), (6, 0, 0, None)],
+                         ids=["word_by_word", "lines", "tiles"])
+def test_direct_trace_notes_each_block_milestones_in_order(monkeypatch, b, ll_rows, line_rows,
+                                                           path):
     """A traced kernel (``cupy_dcp._direct_trace``): every block of the call notes its
     milestones, in time order, in the call's parity of the enlarged state; the result
     is still exact."""
@@ -223,14 +261,17 @@ def test_direct_trace_notes_each_block_milestones_in_order(monkeypatch, b, ll_ro
     monkeypatch.setattr(kernels, "direct_kernel",
                         functools.partial(kernels.direct_kernel, trace=True))
     n, h, d = 2, 4, 8
-    ranks = DirectRanks(ident, np.dtype(np.float32), n, b, h, d, ll_rows=ll_rows)
+    ranks = DirectRanks(ident, np.dtype(np.float32), n, b, h, d, ll_rows=ll_rows,
+                        line_rows=line_rows)
     words = kernels.STATE_WORDS + 2 * 3 * kernels.TRACE_STAMPS  # max_blocks 3
     for r in range(n):
         ranks.state_owners[r] = np.zeros(words, np.int64)
         ranks.states[r] = kernel_array(ranks.state_owners[r], np.int64)
     _one_exact_float32_call(ranks, n, b, h, d, np.random.default_rng(2))
-    _, grid, push_blocks = kernels.call_grid(b * h // n, ll_rows, 3)
-    assert (push_blocks == -1) == (ll_rows > 0) and grid > 1
+    push_blocks = getattr(kernels, path) if path else 0  # in tiles: a small call
+    assert ranks.paths == [push_blocks] * 2 * n
+    grid = -(-(b * h // n) // ranks.last_args[-4])  # the call's rows by its tiles' rows
+    assert grid > 1
     for r in range(n):
         state = ranks.state_owners[r]
         assert state[0] == 1  # the epoch of the call: its parity is 1
