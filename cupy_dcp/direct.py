@@ -11,6 +11,13 @@ a tile (bounded), then combines that tile, reading its own slice from the
 input, while other tiles are still crossing. Nothing synchronises the host,
 so a call can be captured in a CUDA graph and replayed.
 
+The smallest calls go word by word (each 8-byte word carries 4 bytes and the
+call's tag: no flag, no fence), the next ones in 128-byte lines that carry
+their own flag (NCCL's LL128 way: it relies on a warp's 128-byte store
+arriving whole, see ``cupy_dcp.kernels.direct``; ``CUPY_DCP_LINES=0`` turns
+them off, on any rank: the plan then agrees on it), the rest in tiles behind
+flags.
+
 Where every rank has a GPU of its own (Hopper or later, a driver of CUDA
 12.3 or later), each call is launched as a *programmatic dependent* of the
 kernel before it on the stream: it may be scheduled while that kernel ends
@@ -102,6 +109,15 @@ def pdl_setting(env=os.environ):
     return setting == "1"
 
 
+def lines_setting(env=os.environ):
+    """``CUPY_DCP_LINES`` as a bool (unset: on); ``ValueError`` unless ``0`` or ``1``.
+    Off, no call goes in 128-byte lines (see ``cupy_dcp.kernels.direct``)."""
+    setting = env.get("CUPY_DCP_LINES", "1")
+    if setting not in ("0", "1"):
+        raise ValueError(f"CUPY_DCP_LINES must be 0 or 1 (got {setting!r})")
+    return setting == "1"
+
+
 def dependent_launch(addresses, capability, driver_version, enabled=True):
     """Whether direct calls launch as programmatic dependents: ``enabled``
     (:func:`pdl_setting`), every rank on a GPU of its own (``addresses``: every
@@ -140,7 +156,7 @@ class DcpDirectPlan(_Plan):
                  is_lse_base_on_e=True, timeout=None):
         self._window = self._status = None
         self._peers = []
-        self._windows = self._flags = self._lls = ()
+        self._windows = self._flags = self._lls = self._line_regions = ()
         self._timeout_arg = timeout
         self._dependent = False
         super().__init__(comm, max_tokens, num_heads, head_dim, dtype, return_lse,
@@ -159,6 +175,7 @@ class DcpDirectPlan(_Plan):
             raise ValueError(f"timeout must be > 0 and <= {_MAX_TIMEOUT:g} seconds (got {timeout!r})")
         self.timeout = float(timeout)
         self._pdl = pdl_setting()  # here, so that a bad setting fails every rank at once
+        self._lines = lines_setting()
         return dict(timeout=self.timeout)  # a rank that gave up sooner would stop pushing
 
     def _allocate(self, cupy):
@@ -171,13 +188,17 @@ class DcpDirectPlan(_Plan):
         # rank on this GPU must be resident at once; and every rank must cut a call into
         # the same tiles and blocks: the fewest that any rank can hold.
         sharing = self._addresses.count(self._addresses[comm.rank])
-        # ranks sharing a GPU may run either kernel beside each other: the smaller
-        # residency bounds both then (a block of either fits where the other's could)
-        resident = self._resident if sharing == 1 else [min(self._resident)] * 2
-        caps = comm.mpi_comm.allgather([max(1, r // sharing) for r in resident])
-        self._max_blocks, self._ll_max_blocks = (min(c) for c in zip(*caps))
+        # ranks sharing a GPU may run any of the kernels beside each other: the smallest
+        # residency bounds them all then (a block of one fits where another's could)
+        resident = self._resident if sharing == 1 else [min(self._resident)] * 3
+        # the lines path too must be the same on every rank: off if off anywhere
+        caps = comm.mpi_comm.allgather([max(1, r // sharing) for r in resident]
+                                       + [int(self._lines)])
+        self._max_blocks, self._ll_max_blocks, self._line_max_blocks, lines = (
+            min(c) for c in zip(*caps))
         layout = window_layout(n, self.max_tokens, self.local_heads,
-                               self.head_dim + lse_pack_dim(self.dtype), self.bits.itemsize)
+                               self.head_dim + lse_pack_dim(self.dtype), self.bits.itemsize,
+                               line_rows=None if lines else 0)
         nbytes = layout.nbytes
         error = None
         try:
@@ -218,9 +239,11 @@ class DcpDirectPlan(_Plan):
                             for b in bases)
         self._windows = tuple(DeviceArray(b + layout.slots_offset, layout.slots_shape,
                                           layout.slots_strides, self.bits, self) for b in bases)
-        self._lls = tuple(DeviceArray(b + layout.ll_offset, layout.ll_shape,
-                                      c_strides(layout.ll_shape, 8), np.dtype(np.uint64), self)
-                          for b in bases)
+        self._lls, self._line_regions = (
+            tuple(DeviceArray(b + offset, shape, c_strides(shape, 8), np.dtype(np.uint64), self)
+                  for b in bases)
+            for offset, shape in ((layout.ll_offset, layout.ll_shape),
+                                  (layout.line_offset, layout.line_shape)))
         try:
             comm.barrier("setting up the direct path")  # every window is zeroed and mapped
         except RuntimeError:
@@ -240,12 +263,12 @@ class DcpDirectPlan(_Plan):
         capability = divmod(int(cupy.cuda.Device(self.comm.device).compute_capability), 10)
         self._dependent = dependent_launch(self._addresses, capability,
                                            runtime.driverGetVersion(), self._pdl)
-        # the blocks of WARPS warps that fit at once: of the kernels in tiles and of the
-        # word-by-word ones (each has its own registers)
+        # the blocks of WARPS warps that fit at once: of the kernels in tiles, of the
+        # word-by-word ones and of those in lines (each has its own registers)
         self._resident = [min(k.resident_blocks(WARP * WARPS)
                               for k in call_kernels(self.dtype, n, self.bits, self.head_dim,
-                                                    self._dependent, word_by_word))
-                          for word_by_word in (False, True)]
+                                                    self._dependent, **path))
+                          for path in ({}, dict(word_by_word=True), dict(lines=True))]
 
     def _run(self, tokens, x_bits, lse, mask, result, result_lse, ptr):
         self.check()
@@ -256,7 +279,8 @@ class DcpDirectPlan(_Plan):
             self.dtype, x_bits, lse, *mask, self._windows, self._flags, self._lls, self._state_arr,
             self._status_arr, result.view(self.bits), result_lse, self.base_e, self.comm.rank,
             int(self.timeout * 1e9), self._max_blocks, dependent=self._dependent,
-            ll_max_blocks=self._ll_max_blocks))
+            ll_max_blocks=self._ll_max_blocks, lines=self._line_regions,
+            line_max_blocks=self._line_max_blocks))
 
     def check(self):
         """Raise ``RuntimeError`` if a call of this plan has failed a wait (it reads
@@ -329,7 +353,7 @@ class DcpDirectPlan(_Plan):
         runtime = cupy.cuda.runtime
         while self._peers:
             runtime.ipcCloseMemHandle(self._peers.pop())
-        self._windows = self._flags = self._lls = ()
+        self._windows = self._flags = self._lls = self._line_regions = ()
         self._ready = {}  # the ready calls name the windows
         if free_window:
             if self._window is not None:

@@ -13,8 +13,9 @@ Ranks may share one GPU (IPC works within a device) or each have their own.
   reading a slot of the previous call, or of the one before, gives another
   set's result); every result is compared on the GPU, bit for bit, with the
   result of its input set checked against the oracle; no host
-  synchronisation inside the loops. Twice: a call small enough to go word by
-  word, and one that goes in tiles behind flags. Prints the counts.
+  synchronisation inside the loops. Three times: a call small enough to go
+  word by word, one in 128-byte lines, and one in tiles behind flags (with
+  the lines path on, ``CUPY_DCP_LINES`` unset). Prints the counts.
 - ``timeout``: rank 1 skips a call; rank 0's plan raises within the bound,
   naming rank 1; rank 1's next check raises naming rank 0.
 - ``leak COUNT``: COUNT plans opened and closed; device memory and the
@@ -94,13 +95,28 @@ def _count_diff():
 
 
 def race(world, comm, count):
-    from cupy_dcp.kernels.direct import LL_MAX_ROWS
+    from cupy_dcp.kernels.direct import LINE_MAX_ROWS, LL_MAX_ROWS
 
     if count < 3:
         raise SystemExit("race needs COUNT >= 3 (its last phase runs calls three at a time)")
+    # word by word, in lines, then in tiles (the path is checked and printed)
+    for tokens, path in ((B, "word by word"), (-(-LL_MAX_ROWS // HN) + B, "in lines"),
+                         (-(-LINE_MAX_ROWS // HN) + B, "in tiles")):
+        _race(world, comm, count, tokens, path)
 
-    for tokens in (B, -(-LL_MAX_ROWS // HN) + B):  # word by word, then in tiles
-        _race(world, comm, count, tokens)
+
+def _path(plan, tokens):
+    """How a call of ``tokens`` tokens of ``plan`` goes: as ``race`` names it."""
+    from cupy_dcp.kernels._rows import WARP
+    from cupy_dcp.kernels.direct import LINES, WARPS, WORDS, call_grid, line_tile_rows
+
+    rank = plan.comm.rank
+    lines = plan._line_regions[rank].shape
+    push_blocks = call_grid(tokens * plan.local_heads, plan._lls[rank].shape[2],
+                            plan._max_blocks, plan._ll_max_blocks, lines[2],
+                            line_tile_rows(plan.comm.world_size, lines[3], WARP * WARPS),
+                            plan._line_max_blocks)[2]
+    return {WORDS: "word by word", LINES: "in lines"}.get(push_blocks, "in tiles")
 
 
 def _inputs(rank, seed, dtype, D, H, tokens):
@@ -110,11 +126,12 @@ def _inputs(rank, seed, dtype, D, H, tokens):
             np.concatenate([s[1] for s in sets])[:tokens])
 
 
-def _race(world, comm, count, tokens):
+def _race(world, comm, count, tokens, path):
     import cupy
     rank, n = world.Get_rank(), world.Get_size()
     dtype, D, H = DTYPES[1], 128, HN * n  # bfloat16
     plan = cupy_dcp.DcpDirectPlan(comm, tokens, H, D, dtype, return_lse=True)
+    assert _path(plan, tokens) == path, (tokens, _path(plan, tokens), path)
     stream = cupy.cuda.Stream(non_blocking=True)
     sets, wants = [], []
     with stream:
@@ -184,7 +201,7 @@ def _race(world, comm, count, tokens):
     assert eager_diffs == 0, f"rank {rank}: {eager_diffs} elements differ over {count} eager calls"
     assert graph_diffs == 0, f"rank {rank}: {graph_diffs} elements differ over {count} replays"
     assert row_diffs == 0, f"rank {rank}: {row_diffs} elements differ over back-to-back calls"
-    print(f"rank {rank}/{n} direct race OK (B={tokens}): {count} eager calls ({eager_s:.1f} s) and {count} "
+    print(f"rank {rank}/{n} direct race OK (B={tokens}, {path}): {count} eager calls ({eager_s:.1f} s) and {count} "
           f"graph replays ({graph_s:.1f} s), then {3 * (count // 3)} calls back to back in graphs "
           f"of three ({launches} launches), every result bit-identical to its checked set",
           flush=True)

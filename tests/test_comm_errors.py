@@ -59,6 +59,12 @@ def test_a_bad_pdl_setting_is_a_plan_argument_error(monkeypatch):
         cupy_dcp.dcp_plan(MPI.COMM_SELF, 4, 8, 16, "float32", strategy="direct")
 
 
+def test_a_bad_lines_setting_is_a_plan_argument_error(monkeypatch):
+    monkeypatch.setenv("CUPY_DCP_LINES", "yes")
+    with pytest.raises(ValueError, match=r"^CUPY_DCP_LINES must be 0 or 1 \(got 'yes'\)$"):
+        cupy_dcp.dcp_plan(MPI.COMM_SELF, 4, 8, 16, "float32", strategy="direct")
+
+
 def test_plans_refuse_arrays_in_another_gpus_memory(monkeypatch):
     """The device check of plan calls (the pointer query itself needs a GPU)."""
     from types import SimpleNamespace

@@ -5,7 +5,7 @@ import ctypes
 
 import pytest
 
-from cupy_dcp.direct import dependent_launch, pdl_setting
+from cupy_dcp.direct import dependent_launch, lines_setting, pdl_setting
 from cupy_dcp.kernels._launch import (_PROGRAMMATIC_STREAM_SERIALIZATION, _LaunchAttribute,
                                       _LaunchConfig)
 
@@ -33,6 +33,13 @@ def test_the_setting():
     assert not pdl_setting({"CUPY_DCP_PDL": "0"})
     with pytest.raises(ValueError, match="CUPY_DCP_PDL"):
         pdl_setting({"CUPY_DCP_PDL": "yes"})
+
+
+def test_the_lines_setting():
+    assert lines_setting({}) and lines_setting({"CUPY_DCP_LINES": "1"})
+    assert not lines_setting({"CUPY_DCP_LINES": "0"})
+    with pytest.raises(ValueError, match=r"^CUPY_DCP_LINES must be 0 or 1 \(got 'off'\)$"):
+        lines_setting({"CUPY_DCP_LINES": "off"})
 
 
 def test_driver_structures_match_cuda_h():
