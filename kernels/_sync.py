@@ -97,9 +97,15 @@ def _simulated():
                 warps[key] = threading.Barrier(32, timeout=SIMULATED_VOTE_TIMEOUT), [False] * 32
             barrier, votes = warps[key]
         votes[thread.x] = bool(ok)
-        barrier.wait()  # every lane's vote is in
-        result = gather(votes)
-        barrier.wait()  # every lane has read them: the next vote may overwrite
+        try:
+            barrier.wait()  # every lane's vote is in
+            result = gather(votes)
+            barrier.wait()  # every lane has read them: the next vote may overwrite
+        except threading.BrokenBarrierError:
+            with lock:  # a later launch starts afresh, not on a broken barrier
+                if warps.get(key, (None,))[0] is barrier:
+                    del warps[key]
+            raise
         return result
 
     @jit

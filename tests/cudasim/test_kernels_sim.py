@@ -6,6 +6,7 @@ runs this file so; the ordinary suite ignores it (see ``tests/conftest.py``).
 
 import numpy as np
 import pytest
+from numba import cuda  # the simulator's, swapped in for the kernels' global ``cuda``
 
 from kernel_checks import (DTYPES, QUAD_CASES, check_bare_push, check_combine, check_direct,
                            check_direct_missing_peer, check_direct_quads, check_pack)
@@ -285,3 +286,34 @@ def test_direct_trace_notes_each_block_milestones_in_order(monkeypatch, b, ll_ro
         assert [part.split()[0] for part in line.split("; ")[1].split(", ")] == \
             [name for k, name in enumerate(MILESTONES) if stamps[1][:, k].any()]
         assert len(MILESTONES) <= kernels.TRACE_STAMPS
+
+
+def test_simulated_warp_votes(monkeypatch):
+    """The votes gather every lane of a warp (two warps a block here, each its own
+    vote); a lane that never comes breaks its warp's barrier, failing the launch,
+    and a later launch votes afresh."""
+    from cupy_dcp.kernels import _sync
+
+    monkeypatch.setattr(_sync, "SIMULATED_VOTE_TIMEOUT", 0.5)
+    s = _sync.sync_functions()
+    vote_all, vote_any = s["vote_all"], s["vote_any"]
+
+    @cuda.jit
+    def votes(out, odd, skip):
+        lane, warp = cuda.threadIdx.x, cuda.threadIdx.y
+        if lane == skip:
+            return
+        ok = lane % 2 == 1 if warp == odd else True
+        out[warp, lane, 0] = vote_all(ok)
+        out[warp, lane, 1] = vote_any(lane == 5 and warp == odd)
+
+    out = np.zeros((2, 32, 2), np.int32)
+    votes[1, (32, 2)](out, 1, -1)
+    assert (out[0, :, 0] == 1).all() and (out[1, :, 0] == 0).all()  # warp 1 had a False
+    assert (out[0, :, 1] == 0).all() and (out[1, :, 1] == 1).all()
+    with pytest.raises(Exception):  # lane 3 of each warp never votes
+        votes[1, (32, 2)](out, 0, 3)
+    out[...] = 0
+    votes[1, (32, 2)](out, 0, -1)
+    assert (out[0, :, 0] == 0).all() and (out[1, :, 0] == 1).all()
+    assert (out[0, :, 1] == 1).all() and (out[1, :, 1] == 0).all()
