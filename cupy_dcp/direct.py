@@ -47,7 +47,7 @@ from .layout import c_strides, lse_pack_dim
 from .kernels._launch import DeviceArray
 from .kernels._rows import WARP
 from .kernels.direct import (PEER_FAILED, STATE_WORDS, TIMED_OUT, WARPS, call_kernels,
-                             direct_launch, window_layout)
+                             direct_launch, line_rows, window_layout)
 from .plan import DcpA2APlan, _Plan, _ready_steps
 from .kernels._arrays import kernel_array
 
@@ -196,9 +196,11 @@ class DcpDirectPlan(_Plan):
                                        + [int(self._lines)])
         self._max_blocks, self._ll_max_blocks, self._line_max_blocks, lines = (
             min(c) for c in zip(*caps))
-        layout = window_layout(n, self.max_tokens, self.local_heads,
-                               self.head_dim + lse_pack_dim(self.dtype), self.bits.itemsize,
-                               line_rows=None if lines else 0)
+        width = self.head_dim + lse_pack_dim(self.dtype)
+        layout = window_layout(n, self.max_tokens, self.local_heads, width, self.bits.itemsize,
+                               line_rows=line_rows(n, self.max_tokens, self.local_heads, width,
+                                                   self.bits.itemsize, self._line_max_blocks)
+                               if lines else 0)
         nbytes = layout.nbytes
         error = None
         try:

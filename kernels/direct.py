@@ -198,8 +198,8 @@ from ._vector import QUAD
 from .combine import _BF16, _BF16X2, _F16, _F32, RAW, _codecs, combine_kind, row_accumulator
 from .pack import lse_bits_reader, packed_row_steps
 
-__all__ = ["COMBINE", "PUSH", "WORDS", "LINES", "LINE_MAX_ROWS", "line_items", "line_tile_rows",
-           "line_words", "STATE_WORDS", "TIMED_OUT", "PEER_FAILED", "MIN_TILE_ROWS",
+__all__ = ["COMBINE", "PUSH", "WORDS", "LINES", "LINE_MAX_ROWS", "line_items", "line_rows",
+           "line_tile_rows", "line_words", "STATE_WORDS", "TIMED_OUT", "PEER_FAILED", "MIN_TILE_ROWS",
            "SMALL_TILE_ROWS",
            "LL_MAX_ROWS", "LL_TILE_ROWS", "WindowLayout", "call_grid", "call_kernels",
            "direct_kernel", "direct_launch", "flag_words",
@@ -265,6 +265,15 @@ def line_tile_rows(n, words, threads):
     return min(LINE_TILE_ROWS, line_items(n) * threads // max(1, words // 2))
 
 
+def line_rows(n, max_tokens, local_heads, width, itemsize, max_blocks, threads=WARP * WARPS):
+    """The rows per rank pair of the lines region: as many as a call in lines may
+    have, on ``max_blocks`` blocks of ``threads`` (each holds a tile of at most
+    :func:`line_tile_rows`), :data:`LINE_MAX_ROWS` at most; 0 where a row is more
+    than a block holds."""
+    tile = line_tile_rows(n, line_words(width, itemsize), threads)
+    return min(max_tokens * local_heads, LINE_MAX_ROWS, tile * max_blocks)
+
+
 def ll_rows(max_tokens, local_heads):
     """The rows per rank pair of the word-by-word region: calls of no more rows
     take that path."""
@@ -295,8 +304,9 @@ def window_layout(n, max_tokens, local_heads, width, itemsize, rows=None, line_r
     packed rows of ``width`` elements of ``itemsize`` bytes: flags, then the slots
     (512-byte aligned), then the word-by-word region of ``rows`` rows per rank pair
     (:func:`ll_rows` by default; 0 sends nothing word by word), then the lines
-    region of ``line_rows`` (by default as many as a call may send in lines,
-    :data:`LINE_MAX_ROWS` at most; 0 sends nothing in lines)."""
+    region of ``line_rows`` (:func:`line_rows` for the plan's grid; by default
+    every row of ``max_tokens``, :data:`LINE_MAX_ROWS` at most; 0 sends nothing
+    in lines)."""
     words = flag_words(n, max_tokens, local_heads)
     slots_offset = -(-8 * words // 512) * 512
     padded = (2, n, max_tokens, local_heads, row_stride(width, itemsize))

@@ -13,8 +13,8 @@ import pytest
 from cupy_dcp.kernels.direct import (LINE_BYTES, LINE_MAX_ROWS, LINE_TILE_ROWS, LINE_WORDS, LINES,
                                      LL_MAX_ROWS, LL_TILE_ROWS, MIN_TILE_ROWS, SMALL_TILE_ROWS,
                                      SPLIT_TILE_ROWS, TILES_PER_BLOCK, WARPS, WORDS, call_grid,
-                                     direct_launch, flag_words, line_items, line_tile_rows,
-                                     line_words, ll_grid, ll_rows, ll_words, row_stride,
+                                     direct_launch, flag_words, line_items, line_rows,
+                                     line_tile_rows, line_words, ll_grid, ll_rows, ll_words, row_stride,
                                      tile_grid, window_layout)
 
 
@@ -109,6 +109,25 @@ def test_a_tile_in_lines_is_held_whole(n, words, threads):
     assert 0 <= rows <= LINE_TILE_ROWS and rows * chunks <= line_items(n) * threads
     assert rows == LINE_TILE_ROWS or (rows + 1) * chunks > line_items(n) * threads
     assert 1 <= line_items(n) <= 4 and (n > 8 or 4 * n * line_items(n) <= 32)
+
+
+@pytest.mark.parametrize("n, max_tokens, local_heads, width, itemsize, max_blocks, expect", [
+    (2, 2048, 64, 514, 2, 264, 14 * 264),  # bf16 D = 512: 9 lines, 14 rows a block
+    (2, 9, 64, 514, 2, 264, 9 * 64),  # every row of max_tokens
+    (2, 4096, 64, 130, 2, 1056, LINE_MAX_ROWS),
+    (8, 2048, 16, 514, 2, 264, 3 * 264),  # one item a thread: 3 rows a block
+    (8, 2048, 16, 2050, 2, 264, 0),  # a row of 33 lines: more than a block holds
+])
+def test_the_lines_region_holds_what_a_call_in_lines_may_send(n, max_tokens, local_heads, width,
+                                                              itemsize, max_blocks, expect):
+    """No larger (a plan of 8 ranks would hold rows no call could use), no smaller:
+    every call that fits it goes in lines (past the words' rows)."""
+    rows = line_rows(n, max_tokens, local_heads, width, itemsize, max_blocks)
+    assert rows == expect
+    most = line_tile_rows(n, line_words(width, itemsize), 32 * WARPS)
+    for call in range(1, max_tokens * local_heads + 1, 7):
+        push_blocks = call_grid(call, 0, max_blocks, None, rows, most, max_blocks)[2]
+        assert (push_blocks == LINES) == (call <= rows), call
 
 
 @pytest.mark.parametrize("max_blocks", [3, 66, 264])
