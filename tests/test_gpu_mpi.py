@@ -80,12 +80,13 @@ def test_direct_plan_exact_on_four_ranks():
 @requires_gpu
 def test_direct_plan_race_eager_and_graph():
     out = run_job(2, str(HERE / "direct_worker.py"), "race", str(RACE_CALLS))
-    # two ranks, each a word-by-word call size and a tiled one
-    assert out.count("direct race OK (B=") == 4, out[-3000:]
-    assert out.count(f"): {RACE_CALLS} eager calls") == 4, out[-3000:]
+    # two ranks, each a call size word by word, one in lines and one in tiles
+    assert out.count("direct race OK (B=") == 6, out[-3000:]
+    for path in ("word by word", "in lines", "in tiles"):
+        assert out.count(f", {path}): {RACE_CALLS} eager calls") == 2, out[-3000:]
     # where each rank has a Hopper GPU of its own, the calls were dependent launches
     launches = "dependent launches" if pdl_expected(2) else "ordinary launches"
-    assert out.count(launches) == 4, out[-3000:]
+    assert out.count(launches) == 6, out[-3000:]
     print(out)
 
 
