@@ -55,7 +55,6 @@ def main(argv=None):
     import cupy_dcp
     from cupy_dcp import bench
     from cupy_dcp.kernels import direct as kernels
-    from cupy_dcp.kernels._rows import WARP
     from cupy_dcp.kernels._arrays import kernel_array
 
     argv = sys.argv[1:] if argv is None else argv
@@ -95,12 +94,7 @@ def main(argv=None):
             plan.check()
             noted = cupy.asnumpy(state)
             epoch = int(noted[0])
-            rows = B * (H // world.size)
-            lines = plan._line_regions[world.rank].shape
-            tile_rows, grid, _ = kernels.call_grid(
-                rows, plan._lls[world.rank].shape[2], plan._max_blocks, plan._ll_max_blocks,
-                lines[2], kernels.line_tile_rows(world.size, lines[3], WARP * kernels.WARPS),
-                plan._line_max_blocks)
+            tile_rows, grid, _ = plan._call_grid(B)
             calls = noted[kernels.STATE_WORDS:].reshape(2, most, kernels.TRACE_STAMPS)
             lines = [f"rank {world.rank} B={B}: graph replay {median:.2f} us per call, "
                      f"{grid} blocks of {tile_rows} rows"]

@@ -47,7 +47,7 @@ from .layout import c_strides, lse_pack_dim
 from .kernels._launch import DeviceArray
 from .kernels._rows import WARP
 from .kernels.direct import (PEER_FAILED, STATE_WORDS, TIMED_OUT, WARPS, call_kernels,
-                             direct_launch, line_rows, window_layout)
+                             direct_launch, line_rows, region_grid, window_layout)
 from .plan import DcpA2APlan, _Plan, _ready_steps
 from .kernels._arrays import kernel_array
 
@@ -283,6 +283,14 @@ class DcpDirectPlan(_Plan):
             int(self.timeout * 1e9), self._max_blocks, dependent=self._dependent,
             ll_max_blocks=self._ll_max_blocks, lines=self._line_regions,
             line_max_blocks=self._line_max_blocks))
+
+    def _call_grid(self, tokens):
+        """``(tile_rows, blocks, push_blocks)`` of a call of ``tokens`` tokens, as its
+        launch cuts it (``push_blocks``: WORDS, LINES, or in tiles)."""
+        rank = self.comm.rank
+        return region_grid(self.comm.world_size, tokens * self.local_heads, self._lls[rank].shape,
+                           self._line_regions[rank].shape, self._max_blocks,
+                           self._ll_max_blocks, self._line_max_blocks)
 
     def check(self):
         """Raise ``RuntimeError`` if a call of this plan has failed a wait (it reads

@@ -145,10 +145,11 @@ call ``e`` takes only ``e``.
 
 For word-by-word calls (and calls in lines) this argument leans on the
 hardware rather than on a release/acquire pair, as NCCL's LL protocol does:
-the words are stored and polled relaxed, so "j's reads and zeroing stores of call ``e`` come before
-r's stores of call ``e + 2``" holds because a kernel completes only once its
-loads have returned and its stores are performed, and j's stream starts
-call ``e + 1``, whose words r waited for, only after that.
+the words are stored and polled relaxed, so "j's reads and zeroing stores of
+call ``e`` come before r's stores of call ``e + 2``" holds because a kernel
+completes only once its loads have returned and its stores are performed,
+and j's stream starts call ``e + 1``, whose words r waited for, only after
+that.
 
 Within a call the reader sees the tile's data because every store of it
 precedes, in causality order, the release store of its flag: the barrier
@@ -199,8 +200,8 @@ from .combine import _BF16, _BF16X2, _F16, _F32, RAW, _codecs, combine_kind, row
 from .pack import lse_bits_reader, packed_row_steps
 
 __all__ = ["COMBINE", "PUSH", "WORDS", "LINES", "LINE_MAX_ROWS", "line_items", "line_rows",
-           "line_tile_rows", "line_words", "STATE_WORDS", "TIMED_OUT", "PEER_FAILED", "MIN_TILE_ROWS",
-           "SMALL_TILE_ROWS",
+           "line_tile_rows", "line_words", "region_grid", "STATE_WORDS", "TIMED_OUT",
+           "PEER_FAILED", "MIN_TILE_ROWS", "SMALL_TILE_ROWS",
            "LL_MAX_ROWS", "LL_TILE_ROWS", "WindowLayout", "call_grid", "call_kernels",
            "direct_kernel", "direct_launch", "flag_words",
            "ll_grid", "ll_rows", "ll_words", "row_stride", "tile_grid", "window_layout"]
@@ -248,7 +249,8 @@ def ll_words(width, itemsize):
 def line_words(width, itemsize):
     """The uint64 words of one row in the lines region: whole 128-byte lines of
     :data:`LINE_WORDS` 32-bit words of the packed row and a flag each."""
-    return LINE_BYTES // 8 * -(-(-(-width * itemsize // 4)) // LINE_WORDS)
+    words = -(-width * itemsize // 4)  # 32-bit words of the packed row
+    return LINE_BYTES // 8 * -(-words // LINE_WORDS)
 
 
 def line_items(n):
@@ -385,6 +387,19 @@ def call_grid(rows, ll_capacity, max_blocks, ll_max_blocks=None, line_capacity=0
         if tile_rows <= line_max_rows:
             return tile_rows, blocks, LINES
     return tile_grid(rows, max_blocks)
+
+
+def region_grid(n, rows, ll_shape, line_shape, max_blocks, ll_max_blocks=None,
+                line_max_blocks=None, threads=WARP * WARPS):
+    """:func:`call_grid` of a call of ``rows`` rows per rank pair among ``n`` ranks,
+    for a word-by-word region and a lines region of these shapes (uint64 ``[2, N,
+    rows, words]``; ``line_shape`` ``None``: none) and blocks of ``threads``."""
+    line_capacity = line_max_rows = 0
+    if line_shape is not None and line_shape[2]:
+        line_capacity = line_shape[2]
+        line_max_rows = line_tile_rows(n, line_shape[3], threads)
+    return call_grid(rows, ll_shape[2], max_blocks, ll_max_blocks, line_capacity, line_max_rows,
+                     line_max_blocks)
 
 
 @functools.cache
@@ -1469,19 +1484,15 @@ def direct_launch(dtype, data, lse, seq_lens, query_start_loc, num_seqs, windows
     vector = (push_data.dtype.itemsize == 4 and push_data.shape[2] % QUAD == 0
               and all(a.rows_aligned(16) for a in (push_data,) + push_windows))
     rows = data.shape[0] * windows[0].shape[3]
-    threads = WARP * warps
-    if lines is None or not lines[me].shape[2]:
-        line_capacity, line_max_rows = 0, 0
-    else:
+    if lines is not None and lines[me].shape[2]:
         for region in lines:  # lines stored whole: 128-byte aligned, whole lines a row
             if (region.ptr % LINE_BYTES or not region.is_c_contiguous()
                     or region.shape[3] % (LINE_BYTES // 8)):
                 raise ValueError("a lines region must be C-contiguous, 128-byte aligned, "
                                  "with whole 128-byte lines per row")
-        line_capacity = lines[me].shape[2]
-        line_max_rows = line_tile_rows(n, lines[me].shape[3], threads)
-    tile_rows, blocks, push_blocks = call_grid(rows, lls[me].shape[2], max_blocks, ll_max_blocks,
-                                               line_capacity, line_max_rows, line_max_blocks)
+    tile_rows, blocks, push_blocks = region_grid(
+        n, rows, lls[me].shape, None if lines is None else lines[me].shape, max_blocks,
+        ll_max_blocks, line_max_blocks, WARP * warps)
     for ll in lls:  # stored and loaded 16 bytes at a time: a misaligned pair faults
         if ll.shape[2] and (ll.ptr % 16 or not ll.is_c_contiguous() or ll.shape[3] % 2):
             raise ValueError("a word-by-word region must be C-contiguous, 16-byte aligned, "

@@ -107,15 +107,9 @@ def race(world, comm, count):
 
 def _path(plan, tokens):
     """How a call of ``tokens`` tokens of ``plan`` goes: as ``race`` names it."""
-    from cupy_dcp.kernels._rows import WARP
-    from cupy_dcp.kernels.direct import LINES, WARPS, WORDS, call_grid, line_tile_rows
+    from cupy_dcp.kernels.direct import LINES, WORDS
 
-    rank = plan.comm.rank
-    lines = plan._line_regions[rank].shape
-    push_blocks = call_grid(tokens * plan.local_heads, plan._lls[rank].shape[2],
-                            plan._max_blocks, plan._ll_max_blocks, lines[2],
-                            line_tile_rows(plan.comm.world_size, lines[3], WARP * WARPS),
-                            plan._line_max_blocks)[2]
+    push_blocks = plan._call_grid(tokens)[2]
     return {WORDS: "word by word", LINES: "in lines"}.get(push_blocks, "in tiles")
 
 

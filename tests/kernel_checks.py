@@ -353,15 +353,14 @@ def check_direct_missing_peer(to_device, to_host, dtype, rng, timeout_ns=50_000_
     import time
 
     from cupy_dcp.kernels._rows import WARP
-    from cupy_dcp.kernels.direct import PEER_FAILED, TIMED_OUT, call_grid, line_tile_rows
+    from cupy_dcp.kernels.direct import PEER_FAILED, TIMED_OUT, region_grid
 
     n, h, d = 2, 4, 8
     rows = b * h // n
     ranks = DirectRanks(to_device, dtype, n, b, h, d, timeout_ns=timeout_ns, ll_rows=ll_rows,
                         line_rows=line_rows)
-    lines = ranks.lines[0].shape
-    grid = call_grid(rows, ll_rows, ranks.max_blocks, None, lines[2],
-                     line_tile_rows(n, lines[3], WARP * ranks.warps))
+    grid = region_grid(n, rows, ranks.lls[0].shape, ranks.lines[0].shape, ranks.max_blocks,
+                       threads=WARP * ranks.warps)
     assert grid[1] > 1, "the test needs several blocks"
     xs, ls = make_inputs(rng, n, b, h, d, dtype, adversarial=False)
     xd, ld = [to_device(xs[r]) for r in range(n)], [to_device(ls[r]) for r in range(n)]

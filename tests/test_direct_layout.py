@@ -14,7 +14,7 @@ from cupy_dcp.kernels.direct import (LINE_BYTES, LINE_MAX_ROWS, LINE_TILE_ROWS, 
                                      LL_MAX_ROWS, LL_TILE_ROWS, MIN_TILE_ROWS, SMALL_TILE_ROWS,
                                      SPLIT_TILE_ROWS, TILES_PER_BLOCK, WARPS, WORDS, call_grid,
                                      direct_launch, flag_words, line_items, line_rows,
-                                     line_tile_rows, line_words, ll_grid, ll_rows, ll_words, row_stride,
+                                     line_tile_rows, line_words, region_grid, ll_grid, ll_rows, ll_words, row_stride,
                                      tile_grid, window_layout)
 
 
@@ -147,6 +147,28 @@ def test_call_grid_sends_calls_in_lines_between_words_and_tiles(max_blocks, line
             assert (tile_rows, blocks) == ll_grid(rows, max_blocks - 1)
         else:
             assert (tile_rows, blocks, push_blocks) == tile_grid(rows, max_blocks)
+
+
+def test_region_grid_reads_the_regions_shapes():
+    """The grid a launch cuts from its regions (and a plan reports, for the race test
+    and the trace): ``call_grid`` of their rows, and of the rows a block holds."""
+    from types import SimpleNamespace
+
+    from cupy_dcp.direct import DcpDirectPlan
+
+    words, lines = (2, 2, 16, 258), (2, 2, 1000, 144)
+    most = line_tile_rows(2, 144, 32 * WARPS)
+    for rows in range(1, 1200, 3):
+        assert region_grid(2, rows, words, lines, 264, 200, 132) == \
+            call_grid(rows, 16, 264, 200, 1000, most, 132)
+    for none in (None, (2, 2, 0, 144)):  # no lines region
+        assert region_grid(2, 100, words, none, 264) == call_grid(100, 16, 264)
+    plan = object.__new__(DcpDirectPlan)  # the fields a plan's grid is made of
+    plan.comm, plan.local_heads = SimpleNamespace(rank=1, world_size=2), 64
+    plan._lls = [None, SimpleNamespace(shape=words)]
+    plan._line_regions = [None, SimpleNamespace(shape=lines)]
+    plan._max_blocks, plan._ll_max_blocks, plan._line_max_blocks = 264, 200, 132
+    assert plan._call_grid(9) == call_grid(9 * 64, 16, 264, 200, 1000, most, 132)
 
 
 @pytest.mark.parametrize("n, max_tokens, local_heads", [(2, 1, 1), (2, 9, 64), (4, 33, 5),
