@@ -118,12 +118,13 @@ def build_bits(jit):
 
     @jit
     def f32_to_bf16_bits(bits):
-        """float32 bits -> bfloat16 bits, rounded to nearest even; NaN stays NaN."""
+        """float32 bits -> bfloat16 bits, rounded to nearest even; NaN stays NaN.
+        In 32 bits and without a branch: no rounding of a non-NaN carries past bit 31
+        (-inf, the largest, becomes 0xFF807FFF)."""
         bits = u32(bits)
-        if (bits & abs_mask) > inf_bits:
-            return ((bits | quiet) >> sixteen) & low16
-        rounding = half_minus_one + ((bits >> sixteen) & one_bit)
-        return ((bits + rounding) >> sixteen) & low16
+        rounded = u32(bits + half_minus_one + ((bits >> sixteen) & one_bit)) >> sixteen
+        quieted = (bits | quiet) >> sixteen
+        return quieted if (bits & abs_mask) > inf_bits else rounded
 
     @jit
     def f16_to_f32_bits(bits):
