@@ -1,7 +1,9 @@
-"""16-byte loads and stores of uint32 words, for rows that are aligned for them.
+"""16-byte (and 8-byte) loads and stores of uint32 words, for rows aligned for them.
 
 - ``load_quad(words, i)``: the four uint32 words ``words[i:i + 4]`` in one
   16-byte access (``words`` 1-d, ``&words[i]`` 16-byte aligned).
+- ``load_duo(words, i)``: the two words ``words[i:i + 2]`` in one 8-byte access
+  (``&words[i]`` 8-byte aligned).
 - ``store_quad(words, i, a, b, c, d)``: ``words[i:i + 4] = a, b, c, d`` in one.
 
 A warp then moves 512 bytes per instruction instead of 128: the same bytes in
@@ -21,7 +23,8 @@ QUAD = 4  # uint32 words per access
 
 @functools.cache
 def vector_functions():
-    """Compile (once) and return ``load_quad`` and ``store_quad``, by name."""
+    """Compile (once) and return ``load_quad``, ``load_duo`` and ``store_quad``, by
+    name."""
     return (_simulated if config.ENABLE_CUDASIM else _compiled)()
 
 
@@ -33,13 +36,17 @@ def _simulated():
         return words[i], words[i + 1], words[i + 2], words[i + 3]
 
     @jit
+    def load_duo(words, i):
+        return words[i], words[i + 1]
+
+    @jit
     def store_quad(words, i, a, b, c, d):
         words[i] = a
         words[i + 1] = b
         words[i + 2] = c
         words[i + 3] = d
 
-    return dict(load_quad=load_quad, store_quad=store_quad)
+    return dict(load_quad=load_quad, load_duo=load_duo, store_quad=store_quad)
 
 
 def _compiled():
@@ -49,17 +56,17 @@ def _compiled():
     from ._sync import element_pointer
 
     i32 = ir.IntType(32)
-    quad = ir.VectorType(i32, QUAD)
-    words4 = types.UniTuple(types.uint32, QUAD)
+    quad, duo = ir.VectorType(i32, QUAD), ir.VectorType(i32, 2)
+    words4, words2 = types.UniTuple(types.uint32, QUAD), types.UniTuple(types.uint32, 2)
 
     def check(words):
         if not (isinstance(words, types.Array) and words.ndim == 1
                 and words.dtype == types.uint32):
-            raise TypeError(f"16-byte accesses take a 1-d uint32 array (got {words})")
+            raise TypeError(f"vector accesses take a 1-d uint32 array (got {words})")
 
-    def quad_pointer(context, builder, sig, args):
+    def quad_pointer(context, builder, sig, args, vector=quad):
         ptr = element_pointer(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-        return builder.bitcast(ptr, quad.as_pointer())
+        return builder.bitcast(ptr, vector.as_pointer())
 
     @intrinsic
     def load_quad(typingctx, words, index):
@@ -71,6 +78,17 @@ def _compiled():
                 builder.extract_element(got, ir.Constant(i32, k)) for k in range(QUAD)])
 
         return words4(words, index), codegen
+
+    @intrinsic
+    def load_duo(typingctx, words, index):
+        check(words)
+
+        def codegen(context, builder, sig, args):
+            got = builder.load(quad_pointer(context, builder, sig, args, duo), align=8)
+            return context.make_tuple(builder, words2, [
+                builder.extract_element(got, ir.Constant(i32, k)) for k in range(2)])
+
+        return words2(words, index), codegen
 
     @intrinsic
     def store_quad(typingctx, words, index, a, b, c, d):
@@ -86,4 +104,4 @@ def _compiled():
 
         return types.void(words, index, a, b, c, d), codegen
 
-    return dict(load_quad=load_quad, store_quad=store_quad)
+    return dict(load_quad=load_quad, load_duo=load_duo, store_quad=store_quad)

@@ -195,7 +195,7 @@ from ._device import device_functions
 from ._launch import DeviceArray, SpecializedKernel, array_type
 from ._rows import UNROLL, WARP, lanes_per_row
 from ._sync import sync_functions
-from ._vector import QUAD
+from ._vector import QUAD, vector_functions
 from .combine import _BF16, _BF16X2, _F16, _F32, RAW, _codecs, combine_kind, row_accumulator
 from .pack import lse_bits_reader, packed_row_steps
 
@@ -718,11 +718,10 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                 dst[w * u_two + u_one] = encode(high, high)
 
     @jit
-    def combine_words(pay, at, per, weights, lse_low, lse_high, r, b, h, wb, nw, out, out_lse,
-                      write_lse, base_e, me, d_values):
-        """The exact combine of payload words ``wb`` to ``wb + nw`` (at most 4) of row r
-        (token b, local head h): shard k's in ``pay[at + per * k:]``, the LSEs as
-        noted."""
+    def row_weights(weights, lse_low, lse_high, r, b, h, out_lse, write_lse, base_e, me):
+        """Row r's (token b, local head h) weight of each shard (this rank's own first,
+        then the peers in rank order) into ``weights``, from the LSEs as noted; its
+        global LSE into ``out_lse`` if ``write_lse``."""
         own = noted_lse(lse_low, lse_high, r, me)
         m = clean_lse(own)
         for p in range(n):
@@ -734,11 +733,16 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
             if p != me:
                 total += lse_exp(clean_lse(noted_lse(lse_low, lse_high, r, p)) - m, base_e)
         inv_total = inverse_total(total)
-        if write_lse and wb == u64(0):
+        if write_lse:
             out_lse[b, h] = global_lse(total, m, base_e)
-        for k in range(n):  # this rank's own first, then the peers in rank order
+        for k in range(n):
             weights[k] = shard_weight(noted_lse(lse_low, lse_high, r, shard_rank(k, me)), m,
                                       inv_total, base_e)
+
+    @jit
+    def weigh_words(pay, at, per, weights, b, h, wb, nw, out, d_values):
+        """Payload words ``wb`` to ``wb + nw`` (at most 4) of row (b, h), combined with
+        the shards' ``weights``: shard k's in ``pay[at + per * k:]``."""
         dst = out[b, h]
         for q in range(4):
             w = wb + u64(q)
@@ -755,13 +759,27 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
             store_word(dst, w, low, high, d_values)
 
     @jit
-    def nan_words(b, h, wb, nw, out, out_lse, write_lse, d_values):
-        if write_lse and wb == u64(0):
-            out_lse[b, h] = nan
+    def combine_words(pay, at, per, weights, lse_low, lse_high, r, b, h, wb, nw, out, out_lse,
+                      write_lse, base_e, me, d_values):
+        """The exact combine of payload words ``wb`` to ``wb + nw`` (at most 4) of row r
+        (token b, local head h): shard k's in ``pay[at + per * k:]``, the LSEs as
+        noted."""
+        row_weights(weights, lse_low, lse_high, r, b, h, out_lse, write_lse and wb == u64(0),
+                    base_e, me)
+        weigh_words(pay, at, per, weights, b, h, wb, nw, out, d_values)
+
+    @jit
+    def nan_row(b, h, wb, nw, out, d_values):
         dst = out[b, h]
         for q in range(4):
             if u64(q) < nw:
                 store_word(dst, wb + u64(q), nan, nan, d_values)
+
+    @jit
+    def nan_words(b, h, wb, nw, out, out_lse, write_lse, d_values):
+        if write_lse and wb == u64(0):
+            out_lse[b, h] = nan
+        nan_row(b, h, wb, nw, out, d_values)
 
     @jit
     def line_span(c):
@@ -771,8 +789,36 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         return (c // u_chunks) * u_line_words + q * u64(4), u_two if q == u_last else u64(4)
 
     @jit
+    def may_hold_lse(wb, nw, d_count):
+        """Whether payload words ``wb`` to ``wb + nw`` of a packed row of ``d_count``
+        elements may hold a part of its LSE (which follows the elements)."""
+        return (wb + nw) * per_word > d_count and wb * per_word <= d_count + u_one
+
+    if halves:  # 16-bit elements: no word loads
+        @jit
+        def data_words(pay, at, src, wb, d_count, vector):
+            return False
+    else:
+        load_duo = vector_functions()["load_duo"]
+
+        @jit
+        def data_words(pay, at, src, wb, d_count, vector):
+            """Words ``wb`` to ``wb + 4`` of a row of words, in two 8-byte loads into
+            ``pay[at:]``, where they are all data and the rows allow it (``vector``:
+            contiguous, 16-byte aligned; ``wb`` is even): whether it loaded them."""
+            if vector and wb + u64(4) <= d_count:
+                a, z = load_duo(src, wb)
+                pay[at] = a
+                pay[at + 1] = z
+                a, z = load_duo(src, wb + u_two)
+                pay[at + 2] = a
+                pay[at + 3] = z
+                return True
+            return False
+
+    @jit
     def load_line_item(pay, j, data, lse_bits, seq_lens, query_start_loc, num_seqs, b, h, c,
-                       me, hn, d_count):
+                       me, hn, d_count, vector):
         """Chunk c of every shard's packed row (token b, local head h of that shard's
         rank) from this rank's input into held item j of ``pay`` (shard k's four
         words at ``4 * (j * n + k)``). Every load is issued before any is used."""
@@ -780,12 +826,13 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         for k in range(n):
             head = shard_rank(k, me) * hn + h
             src = data[b, head]
-            bits = u32(0)
-            if (wb + nw) * per_word > d_count:  # the LSE may be in this chunk
-                bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)
             at = 4 * (j * n + k)
-            for q in range(4):
-                pay[at + q] = packed_word(src, wb + u64(q), bits, d_count)
+            if not data_words(pay, at, src, wb, d_count, vector):
+                bits = u32(0)
+                if may_hold_lse(wb, nw, d_count):
+                    bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)
+                for q in range(4):
+                    pay[at + q] = packed_word(src, wb + u64(q), bits, d_count)
 
     @jit
     def send_line_item(pay, j, lines, slot, me, row, c, flag):
@@ -815,6 +862,8 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
     def note_line_item(lse_low, lse_high, pay, j, r, c, me, d_count):
         """Note the LSE bits that every shard's chunk c of row r holds (held item j)."""
         wb, nw = line_span(c)
+        if not may_hold_lse(wb, nw, d_count):
+            return
         for k in range(n):
             at = 4 * (j * n + k)
             for q in range(4):
@@ -850,11 +899,11 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
 
     @jit
     def load_held(pay, j, rows_of, chunks_of, data, lse_bits, seq_lens, query_start_loc,
-                  num_seqs, me, hn, d_count):
+                  num_seqs, me, hn, d_count, vector):
         if rows_of[j] != no_item:
             b, h = token_head(rows_of[j], hn)
             load_line_item(pay, j, data, lse_bits, seq_lens, query_start_loc, num_seqs, b, h,
-                           u64(chunks_of[j]), me, hn, d_count)
+                           u64(chunks_of[j]), me, hn, d_count, vector)
 
     @jit
     def send_held(pay, j, rows_of, chunks_of, lines, slot, me, flag):
@@ -919,18 +968,20 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         return True
 
     @jit
-    def combine_held(pay, j, rows_of, chunks_of, tile_first, hn, bad, weights, lse_low,
-                     lse_high, out, out_lse, write_lse, base_e, me, d_values):
-        """Combine this thread's item j into the output (NaN if ``bad``)."""
+    def combine_held(pay, j, rows_of, chunks_of, tile_first, hn, bad, weights, line_weights,
+                     out, d_values):
+        """Combine this thread's item j into the output (NaN if ``bad``), with its
+        row's weights as :func:`row_weights` noted them in ``line_weights``."""
         if rows_of[j] != no_item:
             b, h = token_head(rows_of[j], hn)
             wb, nw = line_span(u64(chunks_of[j]))
             if bad:  # no result: NaN, never stale or partial data
-                nan_words(b, h, wb, nw, out, out_lse, write_lse, d_values)
+                nan_row(b, h, wb, nw, out, d_values)
             else:
-                combine_words(pay, 4 * j * n, 4, weights, lse_low, lse_high,
-                              u64(rows_of[j]) - tile_first, b, h, wb, nw, out, out_lse,
-                              write_lse, base_e, me, d_values)
+                r = u64(rows_of[j]) - tile_first
+                for k in range(n):
+                    weights[k] = line_weights[r, k]
+                weigh_words(pay, 4 * j * n, 4, weights, b, h, wb, nw, out, d_values)
 
     @jit
     def push_target(i, first, count, me, hn):
@@ -1122,6 +1173,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         if lines:  # 128-byte lines with their own flags (a kernel of its own)
             lse_low = cuda.shared.array(line_lse_shape, np.uint32)
             lse_high = cuda.shared.array(line_lse_shape, np.uint32)
+            line_weights = cuda.shared.array(line_lse_shape, np.float32)  # per row and shard
             pay = cuda.local.array(line_pay_words, np.uint32)  # this thread's items
             weights = cuda.local.array(n, np.float32)
             if tid == u64(0):
@@ -1148,22 +1200,22 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
             r, c = tid // chunks, tid % chunks  # item tid, then every ``threads``-th
             place_held(rows_of, chunks_of, 0, r, c, count, tile_first)
             load_held(pay, 0, rows_of, chunks_of, data_bits, lse_bits, seq_lens, query_start_loc,
-                      num_seqs, me, hn, push_count)
+                      num_seqs, me, hn, push_count, vector)
             if held_items > 1:
                 r, c = next_item(r, c, row_step, chunk_step, chunks)
                 place_held(rows_of, chunks_of, 1, r, c, count, tile_first)
                 load_held(pay, 1, rows_of, chunks_of, data_bits, lse_bits, seq_lens,
-                          query_start_loc, num_seqs, me, hn, push_count)
+                          query_start_loc, num_seqs, me, hn, push_count, vector)
             if held_items > 2:
                 r, c = next_item(r, c, row_step, chunk_step, chunks)
                 place_held(rows_of, chunks_of, 2, r, c, count, tile_first)
                 load_held(pay, 2, rows_of, chunks_of, data_bits, lse_bits, seq_lens,
-                          query_start_loc, num_seqs, me, hn, push_count)
+                          query_start_loc, num_seqs, me, hn, push_count, vector)
             if held_items > 3:
                 r, c = next_item(r, c, row_step, chunk_step, chunks)
                 place_held(rows_of, chunks_of, 3, r, c, count, tile_first)
                 load_held(pay, 3, rows_of, chunks_of, data_bits, lse_bits, seq_lens,
-                          query_start_loc, num_seqs, me, hn, push_count)
+                          query_start_loc, num_seqs, me, hn, push_count, vector)
             if pushing and not dead:  # pushes never wait: no deadlock
                 send_held(pay, 0, rows_of, chunks_of, lls, slot, me, flag)
                 if held_items > 1:
@@ -1189,17 +1241,28 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
             stamp(state, epoch, 4)
             if combining:
                 bad = failed[0] != 0
-                combine_held(pay, 0, rows_of, chunks_of, tile_first, hn, bad, weights, lse_low,
-                             lse_high, out, out_lse, write_lse, base_e, me, d_values)
+                if tid < count:  # a row's weights and global LSE, once, by a thread a row
+                    b, h = token_head(u32(tile_first + tid), hn)
+                    if bad:
+                        if write_lse:
+                            out_lse[b, h] = nan
+                    else:
+                        row_weights(weights, lse_low, lse_high, tid, b, h, out_lse, write_lse,
+                                    base_e, me)
+                        for k in range(n):
+                            line_weights[tid, k] = weights[k]
+                cuda.syncthreads()  # the rows' weights noted
+                combine_held(pay, 0, rows_of, chunks_of, tile_first, hn, bad, weights,
+                             line_weights, out, d_values)
                 if held_items > 1:
                     combine_held(pay, 1, rows_of, chunks_of, tile_first, hn, bad, weights,
-                                 lse_low, lse_high, out, out_lse, write_lse, base_e, me, d_values)
+                                 line_weights, out, d_values)
                 if held_items > 2:
                     combine_held(pay, 2, rows_of, chunks_of, tile_first, hn, bad, weights,
-                                 lse_low, lse_high, out, out_lse, write_lse, base_e, me, d_values)
+                                 line_weights, out, d_values)
                 if held_items > 3:
                     combine_held(pay, 3, rows_of, chunks_of, tile_first, hn, bad, weights,
-                                 lse_low, lse_high, out, out_lse, write_lse, base_e, me, d_values)
+                                 line_weights, out, d_values)
             stamp(state, epoch, 5)
             return
         if word_by_word:  # no flag, no fence (a kernel of its own: its registers too)
