@@ -10,7 +10,8 @@ dependent, traced) for the given compute capability, through NVVM alone.
 It needs NVVM and NVRTC (``numba-cuda[cu12]`` or ``[cu13]``, or the
 ``nvidia-nvvm`` and ``nvidia-cuda-nvrtc`` wheels, or a CUDA toolkit) and no
 driver; without them it exits with status 77. Prints a line per kernel: its
-name, the bits its pushes move, its PTX's size and its 16-byte stores. Its own
+name, the bits its pushes move, its PTX's size, its 16-byte stores and
+its 8-byte loads of word pairs. Its own
 process: device functions are compiled for the capability given here, not for
 a GPU's.
 """
@@ -94,7 +95,10 @@ def main(cc):
         ptx, _ = cuda.compile_ptx(dispatcher.py_func, argtypes, cc=cc, **options)
         stores = sum(line.lstrip().startswith("st.") and any(w in line for w in WIDE_STORES)
                      for line in ptx.splitlines())
-        print(f"{name}: {len(ptx)} bytes of PTX, {stores} 16-byte stores", flush=True)
+        pair_loads = sum(line.lstrip().startswith("ld.") and ".v2.u32" in line
+                         for line in ptx.splitlines())
+        print(f"{name}: {len(ptx)} bytes of PTX, {stores} 16-byte stores, "
+              f"{pair_loads} 8-byte loads", flush=True)
         count += 1
     print(f"compiled {count} kernels for sm_{cc[0]}{cc[1]}", flush=True)
 

@@ -31,4 +31,8 @@ def test_every_kernel_compiles_to_ptx_for_sm90():
             assert n > 0, name
         else:  # 16-bit elements one at a time: no quads
             assert n == 0, name
+    pair_loads = {name: int(re.search(r"(\d+) 8-byte loads", v).group(1))
+                  for name, v in lines.items() if name.startswith("direct ")}
+    for name, n in pair_loads.items():  # in lines, a chunk of data words: two 8-byte loads
+        assert (n > 0) == (" lines" in name and name.endswith("uint32")), name
     assert all(stores[f"bare push N={n}"] > 0 for n in (2, 3))
