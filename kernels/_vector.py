@@ -56,39 +56,37 @@ def _compiled():
     from ._sync import element_pointer
 
     i32 = ir.IntType(32)
-    quad, duo = ir.VectorType(i32, QUAD), ir.VectorType(i32, 2)
-    words4, words2 = types.UniTuple(types.uint32, QUAD), types.UniTuple(types.uint32, 2)
+    quad = ir.VectorType(i32, QUAD)
 
     def check(words):
         if not (isinstance(words, types.Array) and words.ndim == 1
                 and words.dtype == types.uint32):
             raise TypeError(f"vector accesses take a 1-d uint32 array (got {words})")
 
-    def quad_pointer(context, builder, sig, args, vector=quad):
+    def vector_pointer(context, builder, sig, args, vector):
         ptr = element_pointer(context, builder, sig.args[0], args[0], args[1], sig.args[1])
         return builder.bitcast(ptr, vector.as_pointer())
 
-    @intrinsic
-    def load_quad(typingctx, words, index):
-        check(words)
+    def vector_load(name, count):
+        """The intrinsic ``name`` that loads ``count`` uint32 words in one access of
+        ``4 * count`` bytes (so aligned)."""
+        vector, words = ir.VectorType(i32, count), types.UniTuple(types.uint32, count)
 
-        def codegen(context, builder, sig, args):
-            got = builder.load(quad_pointer(context, builder, sig, args), align=16)
-            return context.make_tuple(builder, words4, [
-                builder.extract_element(got, ir.Constant(i32, k)) for k in range(QUAD)])
+        def load(typingctx, array, index):
+            check(array)
 
-        return words4(words, index), codegen
+            def codegen(context, builder, sig, args):
+                got = builder.load(vector_pointer(context, builder, sig, args, vector),
+                                   align=4 * count)
+                return context.make_tuple(builder, words, [
+                    builder.extract_element(got, ir.Constant(i32, k)) for k in range(count)])
 
-    @intrinsic
-    def load_duo(typingctx, words, index):
-        check(words)
+            return words(array, index), codegen
 
-        def codegen(context, builder, sig, args):
-            got = builder.load(quad_pointer(context, builder, sig, args, duo), align=8)
-            return context.make_tuple(builder, words2, [
-                builder.extract_element(got, ir.Constant(i32, k)) for k in range(2)])
+        load.__name__ = load.__qualname__ = name
+        return intrinsic(load)
 
-        return words2(words, index), codegen
+    load_quad, load_duo = vector_load("load_quad", QUAD), vector_load("load_duo", 2)
 
     @intrinsic
     def store_quad(typingctx, words, index, a, b, c, d):
@@ -99,7 +97,7 @@ def _compiled():
             for k in range(QUAD):
                 word = context.cast(builder, args[2 + k], sig.args[2 + k], types.uint32)
                 value = builder.insert_element(value, word, ir.Constant(i32, k))
-            builder.store(value, quad_pointer(context, builder, sig, args), align=16)
+            builder.store(value, vector_pointer(context, builder, sig, args, quad), align=16)
             return context.get_dummy_value()
 
         return types.void(words, index, a, b, c, d), codegen
