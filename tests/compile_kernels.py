@@ -10,8 +10,9 @@ dependent, traced) for the given compute capability, through NVVM alone.
 It needs NVVM and NVRTC (``numba-cuda[cu12]`` or ``[cu13]``, or the
 ``nvidia-nvvm`` and ``nvidia-cuda-nvrtc`` wheels, or a CUDA toolkit) and no
 driver; without them it exits with status 77. Prints a line per kernel: its
-name, the bits its pushes move, its PTX's size, its 16-byte stores and
-its 8-byte loads of word pairs. Its own
+name, the bits its pushes move, its PTX's size, its 16-byte stores, its
+8-byte loads of word pairs, and whether its first atomic add (a block's
+arrival) comes before its first push store of two words. Its own
 process: device functions are compiled for the capability given here, not for
 a GPU's.
 """
@@ -63,6 +64,15 @@ def kernels():
     return found
 
 
+def arrives_first(ptx):
+    """Whether the PTX's first atomic add comes before its first system-scope store of
+    two words (a direct kernel's push, or its word-by-word or line stores)."""
+    lines = [line.lstrip() for line in ptx.splitlines()]
+    adds = [i for i, line in enumerate(lines) if line.startswith("atom.global.add")]
+    pushes = [i for i, line in enumerate(lines) if line.startswith("st.relaxed.sys.global.v2")]
+    return bool(adds and pushes and adds[0] < pushes[0])
+
+
 def toolchain_problem():
     """Why NVVM or NVRTC cannot be used here (a string), or ``None``."""
     try:
@@ -98,7 +108,7 @@ def main(cc):
         pair_loads = sum(line.lstrip().startswith("ld.") and ".v2.u32" in line
                          for line in ptx.splitlines())
         print(f"{name}: {len(ptx)} bytes of PTX, {stores} 16-byte stores, "
-              f"{pair_loads} 8-byte loads", flush=True)
+              f"{pair_loads} 8-byte loads, arrives first {arrives_first(ptx)}", flush=True)
         count += 1
     print(f"compiled {count} kernels for sm_{cc[0]}{cc[1]}", flush=True)
 

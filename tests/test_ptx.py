@@ -36,3 +36,8 @@ def test_every_kernel_compiles_to_ptx_for_sm90():
     for name, n in pair_loads.items():  # in lines, a chunk of data words: two 8-byte loads
         assert (n > 0) == (" lines" in name and name.endswith("uint32")), name
     assert all(stores[f"bare push N={n}"] > 0 for n in (2, 3))
+    # word by word and in lines a block counts its arrival (a fence and an atomic) at
+    # its first barrier, before its loads and stores, not before its combine
+    for name, v in lines.items():
+        if name.startswith("direct ") and (" words" in name or " lines" in name):
+            assert v.endswith("arrives first True"), name
