@@ -14,8 +14,8 @@ from cupy_dcp.kernels.direct import (LINE_BYTES, LINE_MAX_ROWS, LINE_TILE_ROWS, 
                                      LL_MAX_ROWS, LL_TILE_ROWS, MIN_TILE_ROWS, SMALL_TILE_ROWS,
                                      SPLIT_TILE_ROWS, TILES_PER_BLOCK, WARPS, WORDS, call_grid,
                                      direct_launch, flag_words, line_items, line_rows,
-                                     line_tile_rows, line_words, region_grid, ll_grid, ll_rows, ll_words, row_stride,
-                                     tile_grid, window_layout)
+                                     line_tile_rows, line_words, ll_grid, ll_rows, ll_words,
+                                     region_grid, row_stride, tile_grid, window_layout)
 
 
 @pytest.mark.parametrize("n, max_tokens, local_heads", [(2, 1, 1), (2, 7, 3), (4, 33, 16),
