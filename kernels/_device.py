@@ -3,12 +3,19 @@
 Compiled CUDA reinterprets bits with libdevice's ``int_as_float`` and
 ``float_as_int``; the CUDA simulator has no libdevice, so there a one-element
 local array is viewed as the other type. Both give the same bits.
+
+``pack_bf16x2(low, high)`` rounds two float32 values to bfloat16 (to nearest
+even) in one uint32, ``low`` in its low half: one ``cvt.rn.bf16x2.f32`` when
+compiled, the integer rounding of ``f32_to_bf16_bits`` under the simulator.
+They agree bit for bit but on a NaN's payload (the instruction gives the
+canonical ``0x7FFF``): callers pass sums that the GPU computed, whose NaN is
+always the canonical float32 one, which both turn into ``0x7FFF``.
 """
 
 import functools
 
 import numpy as np
-from numba import config, cuda, float32, int32, uint32
+from numba import config, cuda, float32, int32, types, uint32
 
 from ._math import build_bits, build_math, build_mask
 
@@ -42,9 +49,39 @@ def device_functions():
         def as_bits(value):
             return uint32(libdevice.float_as_int(float32(value)))
 
+        pack_bf16x2 = _pack_bf16x2()
+
     math = build_math(np.float32, jit)
     bits = build_bits(jit)
+    if config.ENABLE_CUDASIM:
+        f32_to_bf16_bits, sixteen = bits.f32_to_bf16_bits, np.uint32(16)
+
+        @jit
+        def pack_bf16x2(low, high):
+            return uint32(f32_to_bf16_bits(as_bits(low))
+                          | (f32_to_bf16_bits(as_bits(high)) << sixteen))
     funcs = dict(vars(math))
     funcs.update(vars(bits))
-    funcs.update(as_float=as_float, as_bits=as_bits, row_is_empty=build_mask(jit))
+    funcs.update(as_float=as_float, as_bits=as_bits, pack_bf16x2=pack_bf16x2,
+                 row_is_empty=build_mask(jit))
     return funcs
+
+
+def _pack_bf16x2():
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    f32, i32 = ir.FloatType(), ir.IntType(32)
+
+    @intrinsic
+    def pack_bf16x2(typingctx, low, high):
+        def codegen(context, builder, sig, args):
+            low, high = (context.cast(builder, a, t, types.float32)
+                         for a, t in zip(args, sig.args))
+            asm = ir.InlineAsm(ir.FunctionType(i32, [f32, f32]),
+                               "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
+            return builder.call(asm, [high, low])  # the first operand: the high half
+
+        return types.uint32(low, high), codegen
+
+    return pack_bf16x2

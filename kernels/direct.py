@@ -447,6 +447,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
     inverse_total, global_lse, shard_weight = f["inverse_total"], f["global_lse"], f["shard_weight"]
     zero, neg_inf, nan = f["zero"], f["neg_inf"], float32(np.nan)
     as_float, f16_to_f32_bits = f["as_float"], f["f16_to_f32_bits"]
+    pack_bf16x2 = f["pack_bf16x2"]
     # output words of two values; of one; float16 values
     pairs, wide, f16 = kind == _BF16X2, kind == _F32, kind == _F16
     pay_words = 2 * n  # a (row, pair) item's words: two per shard
@@ -465,6 +466,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
     low32, thirty_two, sixteen, low16 = u64(0xFFFFFFFF), u64(32), u32(16), u32(0xFFFF)
     high16 = u32(0xFFFF0000)
     per_word = u64(2 if halves else 1)  # push elements per 32-bit word
+    values_per_word = u64(1 if wide else 2)  # output values per 32-bit payload word
     u_chunks, u_last, u_line_words = u64(LINE_CHUNKS), u64(LINE_CHUNKS - 1), u64(LINE_WORDS)
     jit = cuda.jit(device=True)
 
@@ -774,6 +776,33 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
             store_word(dst, w, low, high, d_values)
 
     @jit
+    def put_word(dst, w, low, high):
+        """The values of payload word w, rounded once, into the output row (where the
+        row has them all)."""
+        if pairs:
+            dst[w] = pack_bf16x2(low, high)
+        elif wide:
+            dst[w] = encode(low, low)
+        else:
+            dst[w * u_two] = encode(low, low)
+            dst[w * u_two + u_one] = encode(high, high)
+
+    @jit
+    def weigh_line(pay, at, weights, dst, wb, nw):
+        """:func:`weigh_words` of a chunk of output values only, with no weight 0 (no
+        value to skip): no test but the chunk's length."""
+        for q in range(4):
+            if u64(q) < nw:
+                low = zero
+                high = zero
+                for k in range(n):
+                    word = pay[at + 4 * k + q]
+                    low += weights[k] * value_low(word)
+                    if not wide:
+                        high += weights[k] * value_high(word)
+                put_word(dst, wb + u64(q), low, high)
+
+    @jit
     def combine_words(pay, at, per, weights, lse_low, lse_high, r, b, h, wb, nw, out, out_lse,
                       write_lse, base_e, me, d_values):
         """The exact combine of payload words ``wb`` to ``wb + nw`` (at most 4) of row r
@@ -811,25 +840,32 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
 
     if halves:  # 16-bit elements: no word loads
         @jit
-        def data_words(pay, at, src, wb, d_count, vector):
+        def data_chunk(wb, d_count, vector):
             return False
+
+        @jit
+        def data_words(pay, at, src, wb):
+            pass
     else:
         load_duo = vector_functions()["load_duo"]
 
         @jit
-        def data_words(pay, at, src, wb, d_count, vector):
-            """Words ``wb`` to ``wb + 4`` of a row of words, in two 8-byte loads into
-            ``pay[at:]``, where they are all data and the rows allow it (``vector``:
-            contiguous, 16-byte aligned; ``wb`` is even): whether it loaded them."""
-            if vector and wb + u64(4) <= d_count:
-                a, z = load_duo(src, wb)
-                pay[at] = a
-                pay[at + 1] = z
-                a, z = load_duo(src, wb + u_two)
-                pay[at + 2] = a
-                pay[at + 3] = z
-                return True
-            return False
+        def data_chunk(wb, d_count, vector):
+            """Whether words ``wb`` to ``wb + 4`` of a packed row of words are all data
+            and the rows allow 8-byte loads of them (``vector``: contiguous, 16-byte
+            aligned; ``wb`` is even)."""
+            return vector and wb + u64(4) <= d_count
+
+        @jit
+        def data_words(pay, at, src, wb):
+            """Words ``wb`` to ``wb + 4`` of a row (:func:`data_chunk`) into
+            ``pay[at:]``, in two 8-byte loads."""
+            a, z = load_duo(src, wb)
+            pay[at] = a
+            pay[at + 1] = z
+            a, z = load_duo(src, wb + u_two)
+            pay[at + 2] = a
+            pay[at + 3] = z
 
     @jit
     def load_line_item(pay, j, data, lse_bits, seq_lens, query_start_loc, num_seqs, b, h, c,
@@ -838,14 +874,20 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         rank) from this rank's input into held item j of ``pay`` (shard k's four
         words at ``4 * (j * n + k)``). Every load is issued before any is used."""
         wb, nw = line_span(c)
-        for k in range(n):
-            head = shard_rank(k, me) * hn + h
-            src = data[b, head]
-            at = 4 * (j * n + k)
-            if not data_words(pay, at, src, wb, d_count, vector):
+        if data_chunk(wb, d_count, vector):  # the usual chunk: 16 bytes of data a shard
+            for k in range(n):
+                data_words(pay, 4 * (j * n + k), data[b, shard_rank(k, me) * hn + h], wb)
+        elif wb * per_word > d_count + per_word - u_one:  # past the LSE: zeros, no loads
+            for q in range(4 * n):
+                pay[4 * j * n + q] = u32(0)
+        else:  # the data's end, the LSE: element by element
+            for k in range(n):
+                head = shard_rank(k, me) * hn + h
+                src = data[b, head]
                 bits = u32(0)
                 if may_hold_lse(wb, nw, d_count):
                     bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)
+                at = 4 * (j * n + k)
                 for q in range(4):
                     pay[at + q] = packed_word(src, wb + u64(q), bits, d_count)
 
@@ -887,25 +929,33 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                               d_count)
 
     @jit
-    def place_held(rows_of, chunks_of, j, r, c, count, tile_first):
+    def place_held(rows_of, chunks_of, tokens_of, heads_of, j, r, c, b, h, count, tile_first):
         """Note where this thread's item j of a tile in lines is: row r of the tile's
-        ``count`` (:data:`NO_ITEM` past them), chunk c; 32 bits each."""
+        ``count`` (:data:`NO_ITEM` past them; token b, local head h), chunk c; 32
+        bits each."""
         if r < count:
             rows_of[j] = u32(tile_first + r)
             chunks_of[j] = u32(c)
         else:
             rows_of[j] = no_item
             chunks_of[j] = u32(0)
+        tokens_of[j] = u32(b)
+        heads_of[j] = u32(h)
 
     @jit
-    def next_item(r, c, row_step, chunk_step, chunks):
-        """(row, chunk) of the item ``threads`` after (r, c): no division."""
-        r += row_step
+    def next_item(r, c, b, h, row_step, chunk_step, chunks, hn):
+        """(row, chunk, token, local head) of the item ``threads`` after (r, c) of
+        token b, head h: no division."""
         c += chunk_step
         if c >= chunks:
             c -= chunks
-            r += u_one
-        return r, c
+            row_step += u_one
+        r += row_step
+        h += row_step
+        while h >= hn:
+            h -= hn
+            b += u_one
+        return r, c, b, h
 
     @jit
     def token_head(row, hn):
@@ -913,12 +963,12 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         return u64(row // u32(hn)), u64(row % u32(hn))
 
     @jit
-    def load_held(pay, j, rows_of, chunks_of, data, lse_bits, seq_lens, query_start_loc,
-                  num_seqs, me, hn, d_count, vector):
+    def load_held(pay, j, rows_of, chunks_of, tokens_of, heads_of, data, lse_bits, seq_lens,
+                  query_start_loc, num_seqs, me, hn, d_count, vector):
         if rows_of[j] != no_item:
-            b, h = token_head(rows_of[j], hn)
-            load_line_item(pay, j, data, lse_bits, seq_lens, query_start_loc, num_seqs, b, h,
-                           u64(chunks_of[j]), me, hn, d_count, vector)
+            load_line_item(pay, j, data, lse_bits, seq_lens, query_start_loc, num_seqs,
+                           u64(tokens_of[j]), u64(heads_of[j]), u64(chunks_of[j]), me, hn,
+                           d_count, vector)
 
     @jit
     def send_held(pay, j, rows_of, chunks_of, lines, slot, me, flag):
@@ -983,20 +1033,25 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         return True
 
     @jit
-    def combine_held(pay, j, rows_of, chunks_of, tile_first, hn, bad, weights, line_weights,
-                     out, d_values):
+    def combine_held(pay, j, rows_of, chunks_of, tokens_of, heads_of, tile_first, bad, weights,
+                     line_weights, out, d_values):
         """Combine this thread's item j into the output (NaN if ``bad``), with its
         row's weights as :func:`row_weights` noted them in ``line_weights``."""
         if rows_of[j] != no_item:
-            b, h = token_head(rows_of[j], hn)
+            b, h = u64(tokens_of[j]), u64(heads_of[j])
             wb, nw = line_span(u64(chunks_of[j]))
             if bad:  # no result: NaN, never stale or partial data
                 nan_row(b, h, wb, nw, out, d_values)
-            else:
+            elif wb * values_per_word < d_values:  # else the LSE or padding: no output
                 r = u64(rows_of[j]) - tile_first
+                live = True  # no weight is 0: no value need be skipped
                 for k in range(n):
                     weights[k] = line_weights[r, k]
-                weigh_words(pay, 4 * j * n, 4, weights, b, h, wb, nw, out, d_values)
+                    live = live and weights[k] != zero
+                if live and (wb + nw) * values_per_word <= d_values:
+                    weigh_line(pay, 4 * j * n, weights, out[b, h], wb, nw)
+                else:
+                    weigh_words(pay, 4 * j * n, 4, weights, b, h, wb, nw, out, d_values)
 
     @jit
     def push_target(i, first, count, me, hn):
@@ -1211,27 +1266,28 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
             # are then constants, and ``pay`` stays in registers; where each is, once
             rows_of = cuda.local.array(held_items, np.uint32)
             chunks_of = cuda.local.array(held_items, np.uint32)
+            tokens_of = cuda.local.array(held_items, np.uint32)
+            heads_of = cuda.local.array(held_items, np.uint32)
             count = min(u64(tile_rows), rows - tile_first) if has_tile else u64(0)
             row_step, chunk_step = threads // chunks, threads % chunks
             r, c = tid // chunks, tid % chunks  # item tid, then every ``threads``-th
-            place_held(rows_of, chunks_of, 0, r, c, count, tile_first)
-            load_held(pay, 0, rows_of, chunks_of, data_bits, lse_bits, seq_lens, query_start_loc,
-                      num_seqs, me, hn, push_count, vector)
+            b, h = token_head(u32(tile_first + r), hn)  # then counted on: no division
+            for j in range(held_items):
+                if j > 0:
+                    r, c, b, h = next_item(r, c, b, h, row_step, chunk_step, chunks, hn)
+                place_held(rows_of, chunks_of, tokens_of, heads_of, j, r, c, b, h, count,
+                           tile_first)
+            load_held(pay, 0, rows_of, chunks_of, tokens_of, heads_of, data_bits, lse_bits,
+                      seq_lens, query_start_loc, num_seqs, me, hn, push_count, vector)
             if held_items > 1:
-                r, c = next_item(r, c, row_step, chunk_step, chunks)
-                place_held(rows_of, chunks_of, 1, r, c, count, tile_first)
-                load_held(pay, 1, rows_of, chunks_of, data_bits, lse_bits, seq_lens,
-                          query_start_loc, num_seqs, me, hn, push_count, vector)
+                load_held(pay, 1, rows_of, chunks_of, tokens_of, heads_of, data_bits, lse_bits,
+                          seq_lens, query_start_loc, num_seqs, me, hn, push_count, vector)
             if held_items > 2:
-                r, c = next_item(r, c, row_step, chunk_step, chunks)
-                place_held(rows_of, chunks_of, 2, r, c, count, tile_first)
-                load_held(pay, 2, rows_of, chunks_of, data_bits, lse_bits, seq_lens,
-                          query_start_loc, num_seqs, me, hn, push_count, vector)
+                load_held(pay, 2, rows_of, chunks_of, tokens_of, heads_of, data_bits, lse_bits,
+                          seq_lens, query_start_loc, num_seqs, me, hn, push_count, vector)
             if held_items > 3:
-                r, c = next_item(r, c, row_step, chunk_step, chunks)
-                place_held(rows_of, chunks_of, 3, r, c, count, tile_first)
-                load_held(pay, 3, rows_of, chunks_of, data_bits, lse_bits, seq_lens,
-                          query_start_loc, num_seqs, me, hn, push_count, vector)
+                load_held(pay, 3, rows_of, chunks_of, tokens_of, heads_of, data_bits, lse_bits,
+                          seq_lens, query_start_loc, num_seqs, me, hn, push_count, vector)
             if pushing and not dead:  # pushes never wait: no deadlock
                 send_held(pay, 0, rows_of, chunks_of, lls, slot, me, flag)
                 if held_items > 1:
@@ -1267,17 +1323,17 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                         for k in range(n):
                             line_weights[tid, k] = weights[k]
                 cuda.syncthreads()  # the rows' weights noted
-                combine_held(pay, 0, rows_of, chunks_of, tile_first, hn, bad, weights,
-                             line_weights, out, d_values)
+                combine_held(pay, 0, rows_of, chunks_of, tokens_of, heads_of, tile_first, bad,
+                             weights, line_weights, out, d_values)
                 if held_items > 1:
-                    combine_held(pay, 1, rows_of, chunks_of, tile_first, hn, bad, weights,
-                                 line_weights, out, d_values)
+                    combine_held(pay, 1, rows_of, chunks_of, tokens_of, heads_of, tile_first, bad,
+                                 weights, line_weights, out, d_values)
                 if held_items > 2:
-                    combine_held(pay, 2, rows_of, chunks_of, tile_first, hn, bad, weights,
-                                 line_weights, out, d_values)
+                    combine_held(pay, 2, rows_of, chunks_of, tokens_of, heads_of, tile_first, bad,
+                                 weights, line_weights, out, d_values)
                 if held_items > 3:
-                    combine_held(pay, 3, rows_of, chunks_of, tile_first, hn, bad, weights,
-                                 line_weights, out, d_values)
+                    combine_held(pay, 3, rows_of, chunks_of, tokens_of, heads_of, tile_first, bad,
+                                 weights, line_weights, out, d_values)
             stamp(state, epoch, 5)
             return
         if word_by_word:  # no flag, no fence (a kernel of its own: its registers too)
