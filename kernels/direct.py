@@ -241,6 +241,11 @@ LINE_CHUNKS = 8  # 16-byte chunks of a line (a lane's store each; the last ends 
 LINE_TILE_ROWS = 64  # the most rows of a tile in lines (a block notes their LSEs)
 LINE_MAX_ROWS = 4096  # the most (token, head) rows per rank pair that a call sends in lines
 NO_ITEM = 0xFFFFFFFF  # the row of an item a thread does not hold, in lines
+# what a chunk of a row in lines holds, noted in the top byte of its index (CLASS_SHIFT):
+# 16 bytes of data (loaded in two), the LSE's bits and zeros (no data), zeros alone
+# (nothing loaded, nothing combined), anything else (element by element)
+DATA_CHUNK, LSE_CHUNK, PAST_CHUNK, EDGE_CHUNK = 0, 1, 2, 3
+CLASS_SHIFT = 24
 
 
 def row_stride(width, itemsize):
@@ -456,6 +461,9 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
     line_pay_words = 4 * n * held_items  # four words per shard and item
     line_lse_shape = (LINE_TILE_ROWS, n)
     no_item = np.uint32(NO_ITEM)
+    data_class, lse_class = np.uint32(DATA_CHUNK), np.uint32(LSE_CHUNK)
+    past_class, edge_class = np.uint32(PAST_CHUNK), np.uint32(EDGE_CHUNK)
+    class_shift, chunk_mask = np.uint32(CLASS_SHIFT), np.uint32((1 << CLASS_SHIFT) - 1)
     timed_out, peer_failed, gave_up = np.int64(TIMED_OUT), np.int64(PEER_FAILED), np.int64(-1)
 
     u64 = np.uint64
@@ -868,19 +876,41 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
             pay[at + 3] = z
 
     @jit
-    def load_line_item(pay, j, data, lse_bits, seq_lens, query_start_loc, num_seqs, b, h, c,
-                       me, hn, d_count, vector):
-        """Chunk c of every shard's packed row (token b, local head h of that shard's
-        rank) from this rank's input into held item j of ``pay`` (shard k's four
-        words at ``4 * (j * n + k)``). Every load is issued before any is used."""
+    def chunk_class(c, d_count, vector):
+        """What chunk c of a packed row of ``d_count`` elements holds (one of
+        :data:`DATA_CHUNK`, :data:`LSE_CHUNK`, :data:`PAST_CHUNK`, :data:`EDGE_CHUNK`)."""
         wb, nw = line_span(c)
-        if data_chunk(wb, d_count, vector):  # the usual chunk: 16 bytes of data a shard
+        if data_chunk(wb, d_count, vector):  # 16 bytes of data, loaded in two
+            return data_class
+        if wb * per_word == d_count:  # the LSE's bits in its first word, zeros after
+            return lse_class
+        if wb * per_word > d_count + per_word - u_one:  # past the LSE: zeros
+            return past_class
+        return edge_class  # the data's end, the LSE, in any other way: element by element
+
+    @jit
+    def load_line_item(pay, j, data, lse_bits, seq_lens, query_start_loc, num_seqs, b, h, c,
+                       kind, me, hn, d_count):
+        """Chunk c (of class ``kind``) of every shard's packed row (token b, local head
+        h of that shard's rank) from this rank's input into held item j of ``pay``
+        (shard k's four words at ``4 * (j * n + k)``). Every load is issued before any
+        is used."""
+        wb, nw = line_span(c)
+        if kind == data_class:
             for k in range(n):
                 data_words(pay, 4 * (j * n + k), data[b, shard_rank(k, me) * hn + h], wb)
-        elif wb * per_word > d_count + per_word - u_one:  # past the LSE: zeros, no loads
+        elif kind == past_class:  # no load
             for q in range(4 * n):
                 pay[4 * j * n + q] = u32(0)
-        else:  # the data's end, the LSE: element by element
+        elif kind == lse_class:  # one load a shard
+            for k in range(n):
+                at = 4 * (j * n + k)
+                pay[at] = row_lse_bits(lse_bits, b, shard_rank(k, me) * hn + h, seq_lens,
+                                       query_start_loc, num_seqs)
+                pay[at + 1] = u32(0)
+                pay[at + 2] = u32(0)
+                pay[at + 3] = u32(0)
+        else:  # the data's end, the LSE, in any other way: element by element
             for k in range(n):
                 head = shard_rank(k, me) * hn + h
                 src = data[b, head]
@@ -916,10 +946,16 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         return c % u_chunks != u_last or second == flag
 
     @jit
-    def note_line_item(lse_low, lse_high, pay, j, r, c, me, d_count):
-        """Note the LSE bits that every shard's chunk c of row r holds (held item j)."""
+    def note_line_item(lse_low, lse_high, pay, j, r, c, kind, me, d_count):
+        """Note the LSE bits that every shard's chunk c (of class ``kind``) of row r
+        holds (held item j)."""
         wb, nw = line_span(c)
-        if not may_hold_lse(wb, nw, d_count):
+        if kind == lse_class:  # the first word is the LSE's
+            for k in range(n):
+                note_word(lse_low, lse_high, r, shard_rank(k, me), wb, pay[4 * (j * n + k)],
+                          d_count)
+            return
+        if kind != edge_class or not may_hold_lse(wb, nw, d_count):
             return
         for k in range(n):
             at = 4 * (j * n + k)
@@ -929,13 +965,14 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                               d_count)
 
     @jit
-    def place_held(rows_of, chunks_of, tokens_of, heads_of, j, r, c, b, h, count, tile_first):
+    def place_held(rows_of, chunks_of, tokens_of, heads_of, j, r, c, b, h, count, tile_first,
+                   d_count, vector):
         """Note where this thread's item j of a tile in lines is: row r of the tile's
-        ``count`` (:data:`NO_ITEM` past them; token b, local head h), chunk c; 32
-        bits each."""
+        ``count`` (:data:`NO_ITEM` past them; token b, local head h), chunk c (its
+        class in the top byte); 32 bits each."""
         if r < count:
             rows_of[j] = u32(tile_first + r)
-            chunks_of[j] = u32(c)
+            chunks_of[j] = u32(c) | (u32(chunk_class(c, d_count, vector)) << class_shift)
         else:
             rows_of[j] = no_item
             chunks_of[j] = u32(0)
@@ -963,31 +1000,42 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         return u64(row // u32(hn)), u64(row % u32(hn))
 
     @jit
+    def held_chunk(chunks_of, j):
+        """The chunk of this thread's item j."""
+        return u64(chunks_of[j] & chunk_mask)
+
+    @jit
+    def held_class(chunks_of, j):
+        """The class of the chunk of this thread's item j (:func:`chunk_class`)."""
+        return u32(chunks_of[j] >> class_shift)
+
+    @jit
     def load_held(pay, j, rows_of, chunks_of, tokens_of, heads_of, data, lse_bits, seq_lens,
-                  query_start_loc, num_seqs, me, hn, d_count, vector):
+                  query_start_loc, num_seqs, me, hn, d_count):
         if rows_of[j] != no_item:
             load_line_item(pay, j, data, lse_bits, seq_lens, query_start_loc, num_seqs,
-                           u64(tokens_of[j]), u64(heads_of[j]), u64(chunks_of[j]), me, hn,
-                           d_count, vector)
+                           u64(tokens_of[j]), u64(heads_of[j]), held_chunk(chunks_of, j),
+                           held_class(chunks_of, j), me, hn, d_count)
 
     @jit
     def send_held(pay, j, rows_of, chunks_of, lines, slot, me, flag):
         if rows_of[j] != no_item:
-            send_line_item(pay, j, lines, slot, me, u64(rows_of[j]), u64(chunks_of[j]), flag)
+            send_line_item(pay, j, lines, slot, me, u64(rows_of[j]), held_chunk(chunks_of, j),
+                           flag)
 
     @jit
     def poll_held(pay, j, rows_of, chunks_of, lines, slot, p, k, flag):
         """:func:`poll_line_item` for this thread's item j (True where it has none)."""
         if rows_of[j] == no_item:
             return True
-        return poll_line_item(pay, j, lines, slot, p, k, u64(rows_of[j]), u64(chunks_of[j]),
-                              flag)
+        return poll_line_item(pay, j, lines, slot, p, k, u64(rows_of[j]),
+                              held_chunk(chunks_of, j), flag)
 
     @jit
     def note_held(pay, j, rows_of, chunks_of, tile_first, lse_low, lse_high, me, d_count):
         if rows_of[j] != no_item:
             note_line_item(lse_low, lse_high, pay, j, u64(rows_of[j]) - tile_first,
-                           u64(chunks_of[j]), me, d_count)
+                           held_chunk(chunks_of, j), held_class(chunks_of, j), me, d_count)
 
     @jit
     def take_held(pay, rows_of, chunks_of, warp_first, items, tile_first, lines, slot, me, flag,
@@ -1039,16 +1087,17 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         row's weights as :func:`row_weights` noted them in ``line_weights``."""
         if rows_of[j] != no_item:
             b, h = u64(tokens_of[j]), u64(heads_of[j])
-            wb, nw = line_span(u64(chunks_of[j]))
+            wb, nw = line_span(held_chunk(chunks_of, j))
+            kind = held_class(chunks_of, j)
             if bad:  # no result: NaN, never stale or partial data
                 nan_row(b, h, wb, nw, out, d_values)
-            elif wb * values_per_word < d_values:  # else the LSE or padding: no output
+            elif kind == data_class or kind == edge_class:  # else no output value
                 r = u64(rows_of[j]) - tile_first
-                live = True  # no weight is 0: no value need be skipped
+                live = kind == data_class  # all output values, and no weight 0: no test
                 for k in range(n):
                     weights[k] = line_weights[r, k]
                     live = live and weights[k] != zero
-                if live and (wb + nw) * values_per_word <= d_values:
+                if live:
                     weigh_line(pay, 4 * j * n, weights, out[b, h], wb, nw)
                 else:
                     weigh_words(pay, 4 * j * n, 4, weights, b, h, wb, nw, out, d_values)
@@ -1276,18 +1325,18 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                 if j > 0:
                     r, c, b, h = next_item(r, c, b, h, row_step, chunk_step, chunks, hn)
                 place_held(rows_of, chunks_of, tokens_of, heads_of, j, r, c, b, h, count,
-                           tile_first)
+                           tile_first, push_count, vector)
             load_held(pay, 0, rows_of, chunks_of, tokens_of, heads_of, data_bits, lse_bits,
-                      seq_lens, query_start_loc, num_seqs, me, hn, push_count, vector)
+                      seq_lens, query_start_loc, num_seqs, me, hn, push_count)
             if held_items > 1:
                 load_held(pay, 1, rows_of, chunks_of, tokens_of, heads_of, data_bits, lse_bits,
-                          seq_lens, query_start_loc, num_seqs, me, hn, push_count, vector)
+                          seq_lens, query_start_loc, num_seqs, me, hn, push_count)
             if held_items > 2:
                 load_held(pay, 2, rows_of, chunks_of, tokens_of, heads_of, data_bits, lse_bits,
-                          seq_lens, query_start_loc, num_seqs, me, hn, push_count, vector)
+                          seq_lens, query_start_loc, num_seqs, me, hn, push_count)
             if held_items > 3:
                 load_held(pay, 3, rows_of, chunks_of, tokens_of, heads_of, data_bits, lse_bits,
-                          seq_lens, query_start_loc, num_seqs, me, hn, push_count, vector)
+                          seq_lens, query_start_loc, num_seqs, me, hn, push_count)
             if pushing and not dead:  # pushes never wait: no deadlock
                 send_held(pay, 0, rows_of, chunks_of, lls, slot, me, flag)
                 if held_items > 1:
