@@ -107,8 +107,10 @@ def main(cc):
                      for line in ptx.splitlines())
         pair_loads = sum(line.lstrip().startswith("ld.") and ".v2.u32" in line
                          for line in ptx.splitlines())
+        roundings = sum(line.lstrip().startswith("cvt.rn.bf16x2.f32") for line in ptx.splitlines())
         print(f"{name}: {len(ptx)} bytes of PTX, {stores} 16-byte stores, "
-              f"{pair_loads} 8-byte loads, arrives first {arrives_first(ptx)}", flush=True)
+              f"{pair_loads} 8-byte loads, {roundings} bf16x2 roundings, "
+              f"arrives first {arrives_first(ptx)}", flush=True)
         count += 1
     print(f"compiled {count} kernels for sm_{cc[0]}{cc[1]}", flush=True)
 

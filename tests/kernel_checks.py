@@ -7,6 +7,7 @@ checks to an array library.
 
 import ml_dtypes
 import numpy as np
+from numba import cuda
 
 from cupy_dcp import lse_pack_dim, lse_weighted_combine, pack_reference
 from cupy_dcp.kernels import pack_send, unpack_combine
@@ -130,6 +131,51 @@ def check_combine_rounds_to_nearest_even(to_device, to_host, dtype, b, hn, d, rn
     exact = np.float32(0.5) * xs[0].astype(np.float32) + np.float32(0.5) * xs[1].astype(np.float32)
     bits = np.uint16 if dtype.itemsize == 2 else np.uint32
     np.testing.assert_array_equal(to_host(out).view(bits), exact.astype(dtype).view(bits))
+
+
+def _pack_bf16x2_kernel():
+    """A kernel that packs ``low[i]`` and ``high[i]`` into ``out[i]``
+    (``pack_bf16x2``); ``cuda`` a global, for the simulator to swap."""
+    from cupy_dcp.kernels._device import device_functions
+
+    pack = device_functions()["pack_bf16x2"]
+
+    @cuda.jit
+    def kernel(low, high, out):
+        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if i < out.shape[0]:
+            out[i] = pack(low[i], high[i])
+
+    return kernel
+
+
+def check_pack_bf16x2(to_device, to_host, rng):
+    """``pack_bf16x2`` (a ``cvt.rn.bf16x2.f32`` when compiled) against the kernels'
+    integer rounding and ml_dtypes' on every kind of float32 a sum can be: random
+    bits, ties (to even), subnormals, the largest finite values (up to inf), ±0,
+    ±inf and the canonical NaN (the only NaN a GPU's float32 arithmetic gives)."""
+    kernel = _pack_bf16x2_kernel()
+    special = [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FFFFFFF, 1, 0x807FFFFF, 0x3F808000,
+               0x3F818000, 0x3F80FFFF, 0x3F807FFF, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F7F8000, 0x7F7F7FFF]
+    bits = np.concatenate([rng.integers(0, 2**32, 2048, dtype=np.uint64).astype(np.uint32),
+                           np.array(special, np.uint32)])
+    bits[(bits & 0x7FFFFFFF) > 0x7F800000] = 0x7FFFFFFF  # every NaN the canonical one
+    low, high = bits, bits[::-1].copy()
+    out = to_device(np.zeros(bits.size, np.uint32))
+    kernel[(bits.size + 127) // 128, 128](to_device(low.view(np.float32)),
+                                         to_device(high.view(np.float32)), out)
+    got = to_host(out)
+
+    def integer(x):  # f32_to_bf16_bits, in NumPy
+        nan = (x & 0x7FFFFFFF) > 0x7F800000
+        rounded = (x.astype(np.uint64) + 0x7FFF + ((x >> 16) & 1)) >> 16
+        return np.where(nan, (x | 0x00400000) >> 16, rounded).astype(np.uint32)
+
+    np.testing.assert_array_equal(got, integer(low) | (integer(high) << 16))
+    finite = (bits & 0x7FFFFFFF) <= 0x7F800000
+    by_ml = low.view(np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+    np.testing.assert_array_equal((got & 0xFFFF)[finite], by_ml[finite])
+    assert (got & 0xFFFF)[~finite].tolist() == [0x7FFF] * int((~finite).sum())
 
 
 def _aligned_zeros(shape, dtype, alignment):

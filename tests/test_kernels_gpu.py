@@ -5,7 +5,8 @@ import pytest
 
 from gpu import requires_gpu
 from kernel_checks import (DTYPES, QUAD_CASES, check_bare_push, check_combine, check_direct,
-                           check_direct_missing_peer, check_direct_quads, check_pack)
+                           check_direct_missing_peer, check_direct_quads, check_pack,
+                           check_pack_bf16x2)
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -174,6 +175,12 @@ def test_agrs_kernels_match_reference(dtype, d, base_e):
     to_device, to_host = cupy_io()
     check_agrs(to_device, to_host, dtype, 2, 40, 8, d, np.random.default_rng(d), base_e=base_e)
     check_agrs(to_device, to_host, dtype, 3, 5, 2, d, np.random.default_rng(d + 1), head_major=True)
+
+
+def test_pack_bf16x2_rounds_as_the_integer_path():
+    """The lines kernel's bfloat16 pairs: one ``cvt.rn.bf16x2.f32`` each, bit for bit
+    the integer rounding the other kernels use."""
+    check_pack_bf16x2(*cupy_io(), np.random.default_rng(16))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -9,7 +9,8 @@ import pytest
 from numba import cuda  # the simulator's, swapped in for the kernels' global ``cuda``
 
 from kernel_checks import (DTYPES, QUAD_CASES, check_bare_push, check_combine, check_direct,
-                           check_direct_missing_peer, check_direct_quads, check_pack)
+                           check_direct_missing_peer, check_direct_quads, check_pack,
+                           check_pack_bf16x2)
 
 
 def ident(x):
@@ -317,3 +318,7 @@ def test_simulated_warp_votes(monkeypatch):
     votes[1, (32, 2)](out, 0, -1)
     assert (out[0, :, 0] == 0).all() and (out[1, :, 0] == 1).all()
     assert (out[0, :, 1] == 1).all() and (out[1, :, 1] == 0).all()
+
+
+def test_pack_bf16x2_rounds_as_the_integer_path():
+    check_pack_bf16x2(ident, host, np.random.default_rng(16))
