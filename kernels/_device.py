@@ -49,8 +49,6 @@ def device_functions():
         def as_bits(value):
             return uint32(libdevice.float_as_int(float32(value)))
 
-        pack_bf16x2 = _pack_bf16x2()
-
     math = build_math(np.float32, jit)
     bits = build_bits(jit)
     if config.ENABLE_CUDASIM:
@@ -60,6 +58,8 @@ def device_functions():
         def pack_bf16x2(low, high):
             return uint32(f32_to_bf16_bits(as_bits(low))
                           | (f32_to_bf16_bits(as_bits(high)) << sixteen))
+    else:
+        pack_bf16x2 = _pack_bf16x2()
     funcs = dict(vars(math))
     funcs.update(vars(bits))
     funcs.update(as_float=as_float, as_bits=as_bits, pack_bf16x2=pack_bf16x2,

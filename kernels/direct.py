@@ -482,7 +482,6 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
     low32, thirty_two, sixteen, low16 = u64(0xFFFFFFFF), u64(32), u32(16), u32(0xFFFF)
     high16 = u32(0xFFFF0000)
     per_word = u64(2 if halves else 1)  # push elements per 32-bit word
-    values_per_word = u64(1 if wide else 2)  # output values per 32-bit payload word
     u_chunks, u_last, u_line_words = u64(LINE_CHUNKS), u64(LINE_CHUNKS - 1), u64(LINE_WORDS)
     jit = cuda.jit(device=True)
 
