@@ -883,17 +883,28 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
             pay[at + 3] = z
 
     @jit
-    def chunk_class(c, d_count, vector):
-        """What chunk c of a packed row of ``d_count`` elements holds (one of
-        :data:`DATA_CHUNK`, :data:`LSE_CHUNK`, :data:`PAST_CHUNK`, :data:`EDGE_CHUNK`)."""
-        wb, nw = line_span(c)
-        if data_chunk(wb, d_count, vector):  # 16 bytes of data, loaded in two
+    def class_bounds(d_count, vector):
+        """The payload words that :func:`chunk_class` compares a chunk's first word
+        with, for a packed row of ``d_count`` elements (32 bits each): data below the
+        first, the LSE's chunk at the second, zeros from the third."""
+        data_below = u32(d_count - u64(3)) if data_chunk(u64(0), d_count, vector) else u32(0)
+        lse_at = u32(d_count // per_word) if d_count % per_word == u64(0) else no_item
+        return data_below, lse_at, u32((d_count + per_word - u_one) // per_word + u_one)
+
+    @jit
+    def chunk_class(c, data_below, lse_at, past_from):
+        """What chunk c holds (one of :data:`DATA_CHUNK`, :data:`LSE_CHUNK`,
+        :data:`PAST_CHUNK`, :data:`EDGE_CHUNK`), from :func:`class_bounds`: 16 bytes
+        of data (loaded in two); the LSE's bits in its first word, zeros after; zeros
+        alone; or the data's end, the LSE, in any other way (element by element)."""
+        wb = u32((c >> u32(3)) * u32(LINE_WORDS) + (c & u32(7)) * u32(4))
+        if wb < data_below:
             return data_class
-        if wb * per_word == d_count:  # the LSE's bits in its first word, zeros after
+        if wb == lse_at:
             return lse_class
-        if wb * per_word > d_count + per_word - u_one:  # past the LSE: zeros
+        if wb >= past_from:
             return past_class
-        return edge_class  # the data's end, the LSE, in any other way: element by element
+        return edge_class
 
     @jit
     def load_line_item(pay, j, data, lse_bits, seq_lens, query_start_loc, num_seqs, b, h, c,
@@ -973,13 +984,14 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
 
     @jit
     def place_held(rows_of, chunks_of, tokens_of, heads_of, j, r, c, b, h, count, tile_first,
-                   d_count, vector):
+                   data_below, lse_at, past_from):
         """Note where this thread's item j of a tile in lines is: row r of the tile's
         ``count`` (:data:`NO_ITEM` past them; token b, local head h), chunk c (its
         class in the top byte); 32 bits each."""
         if r < count:
             rows_of[j] = u32(tile_first + r)
-            chunks_of[j] = u32(c) | (u32(chunk_class(c, d_count, vector)) << class_shift)
+            chunks_of[j] = u32(c) | (u32(chunk_class(u32(c), data_below, lse_at, past_from))
+                                     << class_shift)
         else:
             rows_of[j] = no_item
             chunks_of[j] = u32(0)
@@ -1328,11 +1340,12 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
             row_step, chunk_step = threads // chunks, threads % chunks
             r, c = tid // chunks, tid % chunks  # item tid, then every ``threads``-th
             b, h = token_head(u32(tile_first + r), hn)  # then counted on: no division
+            data_below, lse_at, past_from = class_bounds(push_count, vector)
             for j in range(held_items):
                 if j > 0:
                     r, c, b, h = next_item(r, c, b, h, row_step, chunk_step, chunks, hn)
                 place_held(rows_of, chunks_of, tokens_of, heads_of, j, r, c, b, h, count,
-                           tile_first, push_count, vector)
+                           tile_first, data_below, lse_at, past_from)
             load_held(pay, 0, rows_of, chunks_of, tokens_of, heads_of, data_bits, lse_bits,
                       seq_lens, query_start_loc, num_seqs, me, hn, push_count)
             if held_items > 1:
