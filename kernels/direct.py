@@ -897,7 +897,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         :data:`PAST_CHUNK`, :data:`EDGE_CHUNK`), from :func:`class_bounds`: 16 bytes
         of data (loaded in two); the LSE's bits in its first word, zeros after; zeros
         alone; or the data's end, the LSE, in any other way (element by element)."""
-        wb = u32((c >> u32(3)) * u32(LINE_WORDS) + (c & u32(7)) * u32(4))
+        wb = u32((c // u32(LINE_CHUNKS)) * u32(LINE_WORDS) + (c % u32(LINE_CHUNKS)) * u32(4))
         if wb < data_below:
             return data_class
         if wb == lse_at:
