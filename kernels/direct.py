@@ -855,8 +855,8 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
 
     if halves:  # 16-bit elements: no word loads
         @jit
-        def data_chunk(wb, d_count, vector):
-            return False
+        def data_below(d_count, vector):
+            return u32(0)
 
         @jit
         def data_words(pay, at, src, wb):
@@ -865,15 +865,15 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         load_duo = vector_functions()["load_duo"]
 
         @jit
-        def data_chunk(wb, d_count, vector):
-            """Whether words ``wb`` to ``wb + 4`` of a packed row of words are all data
-            and the rows allow 8-byte loads of them (``vector``: contiguous, 16-byte
-            aligned; ``wb`` is even)."""
-            return vector and wb + u64(4) <= d_count
+        def data_below(d_count, vector):
+            """The payload words below which a chunk's (``wb`` to ``wb + 4``) are all
+            data of a packed row of ``d_count`` words and the rows allow 8-byte loads of
+            them (``vector``: contiguous, 16-byte aligned; ``wb`` is even): 0 for none."""
+            return u32(d_count - u64(3)) if vector and d_count >= u64(4) else u32(0)
 
         @jit
         def data_words(pay, at, src, wb):
-            """Words ``wb`` to ``wb + 4`` of a row (:func:`data_chunk`) into
+            """Words ``wb`` to ``wb + 4`` of a row (below :func:`data_below`) into
             ``pay[at:]``, in two 8-byte loads."""
             a, z = load_duo(src, wb)
             pay[at] = a
@@ -887,9 +887,9 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
         """The payload words that :func:`chunk_class` compares a chunk's first word
         with, for a packed row of ``d_count`` elements (32 bits each): data below the
         first, the LSE's chunk at the second, zeros from the third."""
-        data_below = u32(d_count - u64(3)) if data_chunk(u64(0), d_count, vector) else u32(0)
         lse_at = u32(d_count // per_word) if d_count % per_word == u64(0) else no_item
-        return data_below, lse_at, u32((d_count + per_word - u_one) // per_word + u_one)
+        return (data_below(d_count, vector), lse_at,
+                u32((d_count + per_word - u_one) // per_word + u_one))
 
     @jit
     def chunk_class(c, data_below, lse_at, past_from):
