@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 
 __all__ = ["run_bounded", "run_or_abort", "assert_lse_close", "assert_output_close", "check_rank_result", "mpiexec_command", "mpiexec_env",
-           "random_rank_inputs", "row_mask", "row_scale", "ulp"]
+           "random_rank_inputs", "row_mask", "row_scale", "ulp", "host_bf16_rounding"]
 
 LSE_RTOL = 1e-5
 LSE_ATOL = 1e-6
@@ -30,6 +30,25 @@ def ulp(ref, dtype):
     exponent = np.where(np.isfinite(exponent), exponent, info.minexp)
     exponent = np.maximum(exponent, info.minexp)
     return np.ldexp(1.0, (exponent - info.nmant).astype(np.int64))
+
+
+def host_bf16_rounding():
+    """The kernels' ``f32_to_bf16_bits`` (``build_bits``) compiled for the host, over
+    an array of float32 bit patterns: their bfloat16 bits (uint16)."""
+    import numba
+
+    from cupy_dcp.kernels._math import build_bits
+
+    f32_to_bf16_bits = build_bits(numba.njit).f32_to_bf16_bits
+
+    @numba.njit
+    def rounded(bits):
+        out = np.empty(bits.size, np.uint16)
+        for i in range(bits.size):
+            out[i] = f32_to_bf16_bits(bits[i])
+        return out
+
+    return rounded
 
 
 def assert_output_close(got, ref, scale, where=""):

@@ -12,7 +12,7 @@ from numba import cuda
 from cupy_dcp import lse_pack_dim, lse_weighted_combine, pack_reference
 from cupy_dcp.kernels import pack_send, unpack_combine
 
-from _helpers import ulp
+from _helpers import host_bf16_rounding, ulp
 
 DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32))
 
@@ -149,25 +149,6 @@ def _pack_bf16x2_kernel():
     return kernel
 
 
-def _integer_bf16_rounding():
-    """``f32_to_bf16_bits`` (``build_bits``) compiled for the host, over an array of
-    float32 bit patterns."""
-    import numba
-
-    from cupy_dcp.kernels._math import build_bits
-
-    f32_to_bf16_bits = build_bits(numba.njit).f32_to_bf16_bits
-
-    @numba.njit
-    def rounded(bits):
-        out = np.empty(bits.size, np.uint32)
-        for i in range(bits.size):
-            out[i] = f32_to_bf16_bits(bits[i])
-        return out
-
-    return rounded
-
-
 def check_pack_bf16x2(to_device, to_host, rng):
     """``pack_bf16x2`` (a ``cvt.rn.bf16x2.f32`` when compiled) against the kernels'
     integer rounding and ml_dtypes' on every kind of float32 a sum can be: random
@@ -185,8 +166,9 @@ def check_pack_bf16x2(to_device, to_host, rng):
                                          to_device(high.view(np.float32)), out)
     got = to_host(out)
 
-    integer = _integer_bf16_rounding()  # the other kernels' (f32_to_bf16_bits), on the host
-    np.testing.assert_array_equal(got, integer(low) | (integer(high) << 16))
+    integer = host_bf16_rounding()  # the other kernels' (f32_to_bf16_bits), on the host
+    np.testing.assert_array_equal(got, integer(low).astype(np.uint32)
+                                  | (integer(high).astype(np.uint32) << 16))
     finite = (bits & 0x7FFFFFFF) <= 0x7F800000
     by_ml = low.view(np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
     np.testing.assert_array_equal((got & 0xFFFF)[finite], by_ml[finite])

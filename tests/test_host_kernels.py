@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _helpers import check_rank_result, random_rank_inputs, row_mask, row_scale
+from _helpers import (check_rank_result, host_bf16_rounding, random_rank_inputs, row_mask,
+                      row_scale)
 from cupy_dcp import lse_weighted_combine, pack_reference, unpack_reference
 from cupy_dcp.kernels import combine_host, pack_host
 from cupy_dcp.kernels._math import build_bits
@@ -163,17 +164,8 @@ def bits():
 
 
 @pytest.fixture(scope="module")
-def convert_all(bits):
-    f32_to_bf16 = bits.f32_to_bf16_bits
-
-    @numba.njit
-    def convert(values):
-        out = np.empty(values.size, dtype=np.uint16)
-        for i in range(values.size):
-            out[i] = f32_to_bf16(values[i])
-        return out
-
-    return convert
+def convert_all():
+    return host_bf16_rounding()
 
 
 def _interesting_float32_bits():
