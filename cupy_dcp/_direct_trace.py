@@ -15,6 +15,8 @@ time over the blocks, in µs from the call's first block entry:
   over; ``barrier``: the first barrier passed (tiles: the plan's state read);
 - ``pushed``: its pushes issued (tiles: the last flag released);
 - ``arrived``: the peers' data seen (after the barrier that follows the waits);
+- ``weighed``: in lines only, the rows' weights worked out (after the barrier
+  that follows them);
 - ``end``: its combine stored.
 
 The timer ticks in steps of about 0.26 µs on an H200. Measurement only: not
@@ -28,7 +30,7 @@ import sys
 import numpy as np
 
 CALLS = 20
-MILESTONES = ("entry", "awaited", "barrier", "pushed", "arrived", "end")
+MILESTONES = ("entry", "awaited", "barrier", "pushed", "arrived", "weighed", "end")
 
 
 def summarise(stamps, grid):

@@ -1392,6 +1392,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                         for k in range(n):
                             line_weights[tid, k] = weights[k]
                 cuda.syncthreads()  # the rows' weights noted
+                stamp(state, epoch, 5)
                 combine_held(pay, 0, rows_of, chunks_of, tokens_of, heads_of, tile_first, bad,
                              weights, line_weights, out, d_values)
                 if held_items > 1:
@@ -1403,7 +1404,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                 if held_items > 3:
                     combine_held(pay, 3, rows_of, chunks_of, tokens_of, heads_of, tile_first, bad,
                                  weights, line_weights, out, d_values)
-            stamp(state, epoch, 5)
+            stamp(state, epoch, 6)
             return
         if word_by_word:  # no flag, no fence (a kernel of its own: its registers too)
             lse_low = cuda.shared.array(lse_shape, np.uint32)
@@ -1496,7 +1497,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                     i += threads
                 cuda.syncthreads()  # the LSEs read, before the next tile notes its own
                 t += grid
-            stamp(state, epoch, 5)
+            stamp(state, epoch, 6)
             return
         acc = cuda.local.array(accumulators, np.float32)
         first = cuda.local.array(unroll, raw)
@@ -1566,7 +1567,7 @@ def _direct_kernel(kind, n, push_group, group, halves, dependent=False, unroll=U
                                  write_lse, base_e, me, hn, tid, threads, max_tiles, epoch,
                                  timeout_ns, doomed, failed, acc, first, second)
                 t += grid - pushers
-        stamp(state, epoch, 5)
+        stamp(state, epoch, 6)
 
     return direct
 
