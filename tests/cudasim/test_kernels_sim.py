@@ -279,7 +279,8 @@ def test_direct_trace_notes_each_block_milestones_in_order(monkeypatch, b, ll_ro
         assert state[0] == 1  # the epoch of the call: its parity is 1
         # [parity, block, stamp], room for 3 blocks; the combine phase notes no pushes
         stamps = state[kernels.STATE_WORDS:].reshape(2, 3, kernels.TRACE_STAMPS)
-        noted = stamps[1, :grid][:, [0, 1, 2, 4, 6]]
+        noted = stamps[1, :grid][:, [MILESTONES.index(name) for name in
+                                     ("entry", "awaited", "barrier", "arrived", "end")]]
         assert (noted > 0).all() and (np.diff(noted, axis=1) >= 0).all()
         assert not stamps[0].any() and not stamps[1, grid:].any()
         line = summarise(stamps[1], grid)  # (the simulator runs the blocks one by one)
