@@ -407,11 +407,9 @@ def _check_plan_args(world_size, max_tokens, num_heads, head_dim, dtype):
         lse_pack_dim(dtype)
     except (TypeError, ValueError):
         raise TypeError(f"dtype must be float16, bfloat16 or float32 (got {dtype!r})") from None
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1 (got {max_tokens})")
-    if head_dim < 1:
-        raise ValueError(f"head_dim must be >= 1 (got {head_dim})")
-    check_heads(num_heads, world_size)
+    _checks.check_count(max_tokens, "max_tokens", 1)
+    _checks.check_count(head_dim, "head_dim", 1)
+    check_heads(_checks.check_count(num_heads, "num_heads", 1), world_size)
     return dtype
 
 

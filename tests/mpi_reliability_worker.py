@@ -7,7 +7,8 @@ Run: mpiexec -n 2 python tests/mpi_reliability_worker.py SCENARIO
 - ``bad_rank``: rank 1 passes an integer LSE; it raises its TypeError, every
   other rank a TypeError naming rank 1.
 - ``timeout``: rank 1 is late by 3 s; rank 0's exchange, bounded at 1 s, raises
-  RuntimeError in time (rank 1 then joins, so the job ends cleanly).
+  RuntimeError in time; rank 1 then joins the same call, which raises
+  RuntimeError too (rank 0 gave up on it), so the job ends cleanly.
 
 Each rank prints ``rank {r} {scenario} OK: ...``; anything else aborts the job.
 """
@@ -54,6 +55,7 @@ def main(scenario):
     elif scenario == "timeout":
         comm = cupy_dcp.Communicator.from_mpi(world, timeout=1.0)
         x, lse = inputs(3)
+        cupy_dcp.dcp_a2a_lse_reduce(x, lse, MPI.COMM_SELF)  # compiled before the clock starts
         if rank == 0:
             t0 = time.monotonic()
             msg = expect_raise(RuntimeError, lambda: cupy_dcp.dcp_a2a_lse_reduce(x, lse, comm))
@@ -61,12 +63,10 @@ def main(scenario):
             assert "did not complete within 1.0 s" in msg and waited < 2.5, (msg, waited)
         else:
             time.sleep(3.0)
-            msg = "late by 3 s"
-        # rank 1 joins the same exchange late, so the pending collective completes
-        send = np.zeros((world.size, 3, 2, 9), np.float32)
-        if rank == 1:
-            comm.timeout = None
-            comm.alltoall_host(send, np.empty_like(send))
+            # rank 1 joins the same call late: its exchange completes, and it learns that
+            # rank 0 gave up on it
+            msg = expect_raise(RuntimeError, lambda: cupy_dcp.dcp_a2a_lse_reduce(x, lse, comm))
+            assert "rank 0 gave up waiting for rank 1" in msg, msg
     else:
         raise ValueError(f"unknown scenario {scenario!r}")
     world.Barrier()
