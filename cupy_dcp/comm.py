@@ -134,8 +134,18 @@ class Communicator:
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"comm must be an mpi4py communicator (got {type(comm).__name__})")
         _check_not_null(comm)
-        self = cls(comm.Dup(), backend, device, owned=True, timeout=timeout)
-        self._local_rank = node_rank_and_size(self.mpi_comm)[0]  # collective: every rank
+        dup, request = comm.Idup()
+        limit = DEFAULT_TIMEOUT if timeout is None else timeout
+        if not _complete(request, limit):
+            _ABANDONED.append((dup, request))  # MPI may still complete it
+            raise RuntimeError(f"Communicator.from_mpi did not complete within {limit} s on rank "
+                               f"{comm.Get_rank()}: not every rank of the communicator called "
+                               "it (a peer rank is missing or stuck)")
+        self = cls(dup, backend, device, owned=True, timeout=timeout)
+        # this rank's index among the ranks of its node (bounded, unlike MPI's Split_type:
+        # a peer whose duplicate timed out never comes)
+        names = self.allgather_object("finding the ranks' nodes", MPI.Get_processor_name())
+        self._local_rank = names[:self.rank].count(names[self.rank])
         if backend == "auto" and _cupy_problem() is None:
             # this rank's GPU is current from now on: arrays the caller makes next
             # land on the device its plans will run on
@@ -410,20 +420,14 @@ class Communicator:
     def _wait(self, request, what, send, recv, timeout=None):
         """Complete a host collective within :meth:`limit` seconds."""
         timeout = self.limit(timeout)
-        if timeout == math.inf:
-            request.Wait()
-            return
-        deadline = time.monotonic() + timeout
-        while not request.Test():
-            if time.monotonic() > deadline:
-                # MPI may still write into recv: the buffers must outlive the request
-                self._abandoned.append((request, send, recv))
-                size = "" if send is None else f" of {send.nbytes} bytes"
-                self._broken = (f"MPI {what}{size} did not complete within "
-                                f"{timeout} s on rank {self.rank} (a peer rank is missing or "
-                                "stuck); the communicator is unusable: abort the job")
-                raise RuntimeError(self._broken)
-            time.sleep(50e-6)
+        if not _complete(request, timeout):
+            # MPI may still write into recv: the buffers must outlive the request
+            self._abandoned.append((request, send, recv))
+            size = "" if send is None else f" of {send.nbytes} bytes"
+            self._broken = (f"MPI {what}{size} did not complete within "
+                            f"{timeout} s on rank {self.rank} (a peer rank is missing or "
+                            "stuck); the communicator is unusable: abort the job")
+            raise RuntimeError(self._broken)
 
     def agree(self, what, fields, timeout=None):
         """Collective check that every rank holds the same ``fields``, bounded by
@@ -579,6 +583,22 @@ def node_rank_and_size(mpi_comm):
         return node.Get_rank(), node.Get_size()
     finally:
         node.Free()
+
+
+_ABANDONED = []  # duplicates whose creation timed out: MPI may still complete them
+
+
+def _complete(request, limit):
+    """Wait for ``request`` at most ``limit`` seconds (``inf``: for ever); whether it completed."""
+    if limit == math.inf:
+        request.Wait()
+        return True
+    deadline = time.monotonic() + limit
+    while not request.Test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(50e-6)
+    return True
 
 
 def _check_not_null(comm):

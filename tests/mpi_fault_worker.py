@@ -264,6 +264,26 @@ def late_rank(check):
     return msg
 
 
+def late_from_mpi():
+    """Rank 1 builds its communicator 3 s late against a 1 s timeout: rank 0 raises
+    in time; rank 1's duplicate completes against rank 0's pending one, and its next
+    step, bounded too, raises."""
+    if RANK == 0:
+        start = time.monotonic()
+        msg = expect_raise(RuntimeError, "Communicator.from_mpi did not complete within 1.0 s on "
+                           "rank 0: not every rank of the communicator called it (a peer rank "
+                           "is missing or stuck)", lambda: cupy_dcp.Communicator.from_mpi(
+                               WORLD, timeout=1.0))
+        assert time.monotonic() - start < 2.5
+    else:
+        time.sleep(3.0)
+        msg = expect_raise(RuntimeError, "MPI finding the ranks' nodes did not complete within "
+                           "1.0 s on rank 1 (no message from rank 0: a peer rank is missing or "
+                           "stuck); the communicator is unusable: abort the job",
+                           lambda: cupy_dcp.Communicator.from_mpi(WORLD, timeout=1.0))
+    return msg
+
+
 SCENARIOS = {
     "tokens_a2a": lambda: by_tokens("a2a", False),
     "tokens_ag_rs": lambda: by_tokens("ag_rs", False),
@@ -284,6 +304,7 @@ SCENARIOS = {
     "plans_without_a_gpu": plans_without_a_gpu,
     "late": lambda: late_rank(False),
     "late_checked": lambda: late_rank(True),
+    "late_from_mpi": late_from_mpi,
 }
 for _name, (_kind, _message, _spoil) in FAILURES.items():
     for _strategy in ("a2a", "ag_rs"):

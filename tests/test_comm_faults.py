@@ -39,8 +39,8 @@ def test_plans_without_a_gpu_raise_runtime_error_on_every_rank(mpiexec):
 
 def test_a_late_rank_ends_in_errors_on_both_sides(mpiexec):
     """Rank 0 raises after its 1 s timeout (with check_consistency too), rank 1 when it
-    arrives; both communicators are unusable afterwards."""
-    run_worker(mpiexec, 2, ["late", "late_checked"])
+    arrives; both communicators are unusable afterwards. Building one is bounded too."""
+    run_worker(mpiexec, 2, ["late", "late_checked", "late_from_mpi"])
 
 
 @pytest.mark.parametrize("timeout, error, match", [
