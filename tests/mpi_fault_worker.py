@@ -243,7 +243,8 @@ def plans_without_a_gpu():
 
 def late_rank(check):
     """Rank 1 is 3 s late against a 1 s timeout: rank 0 raises in time, rank 1 on arrival."""
-    comm = fresh(timeout=1.0)
+    comm = fresh()  # built within 10 s: the ranks may arrive far apart from the warm-up
+    comm.timeout = 1.0
     x, lse = inputs(3)
     WORLD.Barrier()
     call = lambda: cupy_dcp.dcp_a2a_lse_reduce(x, lse, comm, check_consistency=check)  # noqa: E731
@@ -268,6 +269,7 @@ def late_from_mpi():
     """Rank 1 builds its communicator 3 s late against a 1 s timeout: rank 0 raises
     in time; rank 1's duplicate completes against rank 0's pending one, and its next
     step, bounded too, raises."""
+    WORLD.Barrier()
     if RANK == 0:
         start = time.monotonic()
         msg = expect_raise(RuntimeError, "Communicator.from_mpi did not complete within 1.0 s on "
@@ -326,6 +328,7 @@ def warm_up():
 
 def main(*scenarios):
     warm_up()
+    WORLD.Barrier()  # the ranks start the scenarios together, whatever their compile times
     for scenario in scenarios:
         msg = SCENARIOS[scenario]()
         WORLD.Barrier()
