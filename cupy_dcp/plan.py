@@ -53,6 +53,7 @@ class _Plan:
         name = type(self).__name__
         try:  # a rank whose arguments are bad makes every rank raise, not wait
             dtype = _check_plan_args(n, max_tokens, num_heads, head_dim, dtype)
+            _checks.check_flag(is_lse_base_on_e, "is_lse_base_on_e")
             extra = self._check_args()
             problem = _cupy_problem()
             if problem is not None:

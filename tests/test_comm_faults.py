@@ -76,6 +76,16 @@ def test_plan_sizes_are_checked(max_tokens, error, match):
         cupy_dcp.DcpA2APlan(MPI.COMM_SELF, max_tokens, 8, 16, "float32")
 
 
+@pytest.mark.parametrize("base", [None, "e", 1])
+def test_the_lse_base_is_a_bool(base):
+    x, lse = np.ones((2, 4, 8), np.float32), np.zeros((2, 4), np.float32)
+    match = rf"^is_lse_base_on_e must be True or False \(got {base!r}\)$"
+    with pytest.raises(TypeError, match=match):
+        cupy_dcp.dcp_a2a_lse_reduce(x, lse, MPI.COMM_SELF, is_lse_base_on_e=base)
+    with pytest.raises(TypeError, match=match):
+        cupy_dcp.DcpA2APlan(MPI.COMM_SELF, 4, 8, 16, "float32", is_lse_base_on_e=base)
+
+
 def test_a_freed_communicator_is_a_clear_error():
     comm = cupy_dcp.Communicator.from_mpi(MPI.COMM_SELF)
     comm.free()
