@@ -593,11 +593,13 @@ def _complete(request, limit):
     if limit == math.inf:
         request.Wait()
         return True
-    deadline = time.monotonic() + limit
+    start = time.monotonic()
     while not request.Test():
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > start + limit:
             return False
-        time.sleep(50e-6)
+        if now > start + _signed.SPIN_S:
+            time.sleep(50e-6)
     return True
 
 
