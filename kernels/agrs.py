@@ -14,7 +14,7 @@ import numpy as np
 from numba import cuda, float32
 from numba.core import types
 
-from ..layout import as_dtype
+from ._format import as_dtype
 from ._arrays import kernel_array, stream_ptr
 from ._device import device_functions
 from ._launch import DeviceArray, SpecializedKernel, array_type

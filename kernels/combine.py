@@ -19,7 +19,7 @@ from numba import cuda, float32, uint32
 
 from numba.core import types
 
-from ..layout import BFLOAT16
+from ._format import BFLOAT16
 from ._arrays import kernel_array, stream_ptr
 from ._device import device_functions
 from ._launch import DeviceArray, SpecializedKernel, array_type

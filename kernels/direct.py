@@ -213,7 +213,7 @@ import typing
 import numpy as np
 from numba import config, cuda, float32, types
 
-from ..layout import BFLOAT16, c_strides
+from ._format import BFLOAT16, c_strides
 from ._device import device_functions
 from ._launch import DeviceArray, SpecializedKernel, array_type
 from ._rows import UNROLL, WARP, lanes_per_row

@@ -1,7 +1,7 @@
 """The pack kernel: partials and LSE bits into the packed send buffer.
 
 ``send[r, b, h, :D] = out[b, r*H/N + h, :]`` and the trailing ``P`` lanes carry
-the float32 LSE's bits (see ``cupy_dcp.layout``). The kernel copies bit
+the float32 LSE's bits (see ``_format``). The kernel copies bit
 patterns (uint16 or uint32), so one kernel serves every dtype.
 
 A group of lanes per (rank, token, head) row (see ``_rows``), which writes it
