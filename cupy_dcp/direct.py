@@ -46,7 +46,7 @@ import numpy as np
 from .layout import c_strides, lse_pack_dim
 from .kernels._launch import DeviceArray
 from .kernels._rows import WARP
-from .kernels.direct import (PEER_FAILED, STATE_WORDS, TIMED_OUT, WARPS, call_kernels,
+from .kernels.direct import (PEER_FAILED, STATE_WORDS, TIMED_OUT, WARPS, Protocol, call_kernels,
                              direct_launch, line_rows, region_grid, window_layout)
 from .plan import DcpA2APlan, _Plan, _ready_steps
 from .kernels._arrays import kernel_array
@@ -269,8 +269,8 @@ class DcpDirectPlan(_Plan):
         # word-by-word ones and of those in lines (each has its own registers)
         self._resident = [min(k.resident_blocks(WARP * WARPS)
                               for k in call_kernels(self.dtype, n, self.bits, self.head_dim,
-                                                    self._dependent, **path))
-                          for path in ({}, dict(word_by_word=True), dict(lines=True))]
+                                                    self._dependent, protocol))
+                          for protocol in (Protocol.TILES, Protocol.WORDS, Protocol.LINES)]
 
     def _run(self, tokens, x_bits, lse, mask, result, result_lse, ptr):
         self.check()
@@ -285,8 +285,8 @@ class DcpDirectPlan(_Plan):
             line_max_blocks=self._line_max_blocks))
 
     def _call_grid(self, tokens):
-        """``(tile_rows, blocks, push_blocks)`` of a call of ``tokens`` tokens, as its
-        launch cuts it (``push_blocks``: WORDS, LINES, or in tiles)."""
+        """The ``CallGrid`` (tile rows, blocks, pushing blocks, protocol) of a call of
+        ``tokens`` tokens, as its launch cuts it."""
         rank = self.comm.rank
         return region_grid(self.comm.world_size, tokens * self.local_heads, self._lls[rank].shape,
                            self._line_regions[rank].shape, self._max_blocks,
