@@ -18,7 +18,7 @@ import numpy as np
 
 from .layout import as_dtype, bits_dtype, lse_pack_dim
 from .kernels._arrays import dummy_index, kernel_array
-from .kernels.combine import combine_kind, combine_launch
+from .kernels.combine import combine_codec, combine_launch
 from .kernels._rows import WARP
 from .kernels.direct import (COMBINE, PUSH, STATE_WORDS, WARPS, call_kernels, direct_launch,
                              window_layout)
@@ -103,7 +103,7 @@ def run_kernels(args):
     n = 2
     dtype = as_dtype(args.dtype)
     bits = bits_dtype(dtype)
-    value = combine_kind(dtype)[1]
+    value = combine_codec(dtype)[1]
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         memcpy, vector = copy_bandwidth(cupy, stream)
@@ -211,7 +211,7 @@ def _direct_round(cupy, stream, args, dtype, B, n=2):
     parts = [push_us, series_us - push_us]
     send = cupy.zeros(layout.slots_shape[1:], dtype=bits)  # [N, B, H/N, width]
     recv = cupy.zeros_like(send)
-    value = combine_kind(dtype)[1]
+    value = combine_codec(dtype)[1]
     pk = pack_launch(kernel_array(x, bits), kernel_array(lse, np.uint32), dummy_index(),
                      dummy_index(), -1, kernel_array(send, bits), kernel_array(recv, bits), 0)
     ck = combine_launch(dtype, kernel_array(recv, bits), kernel_array(outs[0], value), None, True)

@@ -26,7 +26,7 @@ from .kernels._launch import DeviceArray
 from .kernels._rows import lanes_per_row
 from .kernels.agrs import (correct_kernel, correct_launch, finish_kernel, finish_launch,
                            mask_kernel, mask_launch)
-from .kernels.combine import combine_kernel, combine_kind, combine_launch
+from .kernels.combine import combine_kernel, combine_codec, combine_launch
 from .kernels.pack import pack_kernel, pack_launch
 
 __all__ = ["DcpA2APlan", "DcpAgRsPlan"]
@@ -73,7 +73,7 @@ class _Plan:
         self.return_lse = bool(return_lse)
         self.base_e = bool(is_lse_base_on_e)
         self.bits = bits_dtype(dtype)
-        self._value = combine_kind(dtype)[1]
+        self._value = combine_codec(dtype)[1]
         if n > 1:
             self._prepare_device()
         with cupy.cuda.Device(comm.device):

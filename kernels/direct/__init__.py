@@ -25,7 +25,7 @@ from .._format import BFLOAT16, c_strides
 from .._launch import DeviceArray, SpecializedKernel, array_type
 from .._rows import WARP, lanes_per_row
 from .._vector import QUAD
-from ..combine import _BF16, _BF16X2, combine_kind
+from ..combine import _BF16, _BF16X2, combine_codec
 from ._peers import (CHECK_EVERY, COMBINE, PEER_FAILED, PUSH, STATE_WORDS, TIMED_OUT,
                      TRACE_STAMPS)
 from ._window import (BLOCKS_PER_SM, LINE_BYTES, LINE_CHUNKS, LINE_MAX_ROWS, LINE_TILE_ROWS,
@@ -48,12 +48,12 @@ __all__ = ["BLOCKS_PER_SM", "CHECK_EVERY", "COMBINE", "LINE_BYTES", "LINE_CHUNKS
            "row_stride", "tile_grid", "window_layout"]
 
 
-def _protocol_kernel(protocol, kind, n, push_group, group, halves, dependent, trace):
+def _protocol_kernel(protocol, codec, n, push_group, group, halves, dependent, trace):
     if protocol is Protocol.WORDS:
-        return words_kernel(kind, n, halves, dependent, trace)
+        return words_kernel(codec, n, halves, dependent, trace)
     if protocol is Protocol.LINES:
-        return lines_kernel(kind, n, halves, dependent, trace)
-    return tiles_kernel(kind, n, push_group, group, halves, dependent, trace=trace)
+        return lines_kernel(codec, n, halves, dependent, trace)
+    return tiles_kernel(codec, n, push_group, group, halves, dependent, trace=trace)
 
 
 def direct_kernel(dtype, n, push_bits, pairs=False, push_group=WARP, group=WARP,
@@ -69,7 +69,7 @@ def direct_kernel(dtype, n, push_bits, pairs=False, push_group=WARP, group=WARP,
     global timer at the call's milestones into ``state``, after its
     :data:`STATE_WORDS`: ``[2][blocks][TRACE_STAMPS]`` by call parity, ``blocks`` as
     many as the rest of ``state`` holds."""
-    kind, value = combine_kind(dtype, pairs)
+    codec, value = combine_codec(dtype, pairs)
     bits = np.dtype(np.uint32 if value.itemsize == 4 else np.uint16)
     i64 = types.int64
     flag = array_type(np.int64, 1, True)
@@ -82,7 +82,7 @@ def direct_kernel(dtype, n, push_bits, pairs=False, push_group=WARP, group=WARP,
                 array_type(value, 3, False), array_type(np.float32, 2, False),
                 i64, i64, i64, i64, i64, i64,
                 types.UniTuple(array_type(np.uint64, 4, True), n), i64)
-    kernel = _protocol_kernel(Protocol(protocol), kind, n, push_group, group,
+    kernel = _protocol_kernel(Protocol(protocol), codec, n, push_group, group,
                               np.dtype(push_bits).itemsize == 2, dependent, trace)
     return SpecializedKernel(kernel, argtypes, dependent=dependent)
 
@@ -136,7 +136,7 @@ def direct_launch(dtype, data, lse, seq_lens, query_start_loc, num_seqs, windows
     if not 1 <= warps <= WARPS:  # the launch would fail, less clearly
         raise ValueError(f"a direct call's blocks have 1 to {WARPS} warps (got {warps}): "
                          "the kernels are built for no more")
-    kind, value = combine_kind(dtype)
+    codec, value = combine_codec(dtype)
     n = len(windows)
     me = int(self_rank)
     push_data, push_windows = data, tuple(windows)
@@ -150,10 +150,10 @@ def direct_launch(dtype, data, lse, seq_lens, query_start_loc, num_seqs, windows
                           data.owner)
     vals_data, vals, bits, vals_out = data.view(value), windows[me].view(value), windows[me], \
         out.view(value)
-    if kind == _BF16:
+    if codec == _BF16:
         words = data.as_words(), windows[me].as_words(), out.as_words()
         if None not in words:
-            kind = _BF16X2
+            codec = _BF16X2
             vals_data, vals, vals_out = words
             bits = vals
     write_lse = out_lse is not None
@@ -175,7 +175,7 @@ def direct_launch(dtype, data, lse, seq_lens, query_start_loc, num_seqs, windows
         if ll.shape[2] and (ll.ptr % 16 or not ll.is_c_contiguous() or ll.shape[3] % 2):
             raise ValueError("a word-by-word region must be C-contiguous, 16-byte aligned, "
                              "with an even number of words per row")
-    kernel = direct_kernel(dtype, n, push_data.dtype, kind == _BF16X2,
+    kernel = direct_kernel(dtype, n, push_data.dtype, codec == _BF16X2,
                            lanes_per_row(push_data.shape[2]), lanes_per_row(vals_out.shape[2]),
                            dependent, protocol=grid.protocol)
     return kernel, (grid.blocks,), (WARP, warps), (

@@ -17,7 +17,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .._device import device_functions
-from ..combine import _F16, _F32, _BF16X2, _codecs
+from ..combine import _F16, _F32, _BF16X2, codec_functions
 from ._peers import rank_functions
 
 __all__ = ["packed_words", "payload_combine"]
@@ -79,19 +79,19 @@ def packed_words(halves):
 
 
 @functools.cache
-def payload_combine(kind, n):
+def payload_combine(codec, n):
     """Device functions of ``n`` ranks combining payload words into an output of
-    codec ``kind``: ``noted_lse``, ``value_low``, ``value_high``, ``store_word``,
+    codec ``codec``: ``noted_lse``, ``value_low``, ``value_high``, ``store_word``,
     ``row_weights``, ``weigh_words`` and ``nan_row`` (each documented below)."""
     f = device_functions()
-    encode = _codecs(kind)[4]
+    encode = codec_functions(codec)[4]
     shard_rank = rank_functions().shard_rank
     clean_lse, finish_max, lse_exp = f["clean_lse"], f["finish_max"], f["lse_exp"]
     inverse_total, global_lse, shard_weight = f["inverse_total"], f["global_lse"], f["shard_weight"]
     zero, nan = f["zero"], float32(np.nan)
     as_float, f16_to_f32_bits = f["as_float"], f["f16_to_f32_bits"]
     # output words of two values; of one; float16 values
-    pairs, wide, f16 = kind == _BF16X2, kind == _F32, kind == _F16
+    pairs, wide, f16 = codec == _BF16X2, codec == _F32, codec == _F16
     jit = cuda.jit(device=True)
 
     @jit

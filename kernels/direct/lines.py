@@ -22,7 +22,7 @@ from .._device import device_functions
 from .._rows import WARP
 from .._sync import sync_functions
 from .._vector import vector_functions
-from ..combine import _BF16X2, _F32, _codecs
+from ..combine import _BF16X2, _F32, codec_functions
 from ..pack import lse_bits_reader
 from ._peers import (CHECK_EVERY, COMBINE, PEER_FAILED, PUSH, grid_dependency, peer_functions,
                      rank_functions, trace_functions)
@@ -146,19 +146,19 @@ def _chunk_moves(n, halves):
 
     @jit
     def load_line_item(pay, j, data, lse_bits, seq_lens, query_start_loc, num_seqs, b, h, c,
-                       kind, me, hn, d_count):
-        """Chunk c (of class ``kind``) of every shard's packed row (token b, local head
+                       holds, me, hn, d_count):
+        """Chunk c (of class ``holds``) of every shard's packed row (token b, local head
         h of that shard's rank) from this rank's input into held item j of ``pay``
         (shard k's four words at ``4 * (j * n + k)``). Every load is issued before any
         is used."""
         wb, nw = line_span(c)
-        if kind == data_class:
+        if holds == data_class:
             for k in range(n):
                 data_words(pay, 4 * (j * n + k), data[b, shard_rank(k, me) * hn + h], wb)
-        elif kind == past_class:  # no load
+        elif holds == past_class:  # no load
             for q in range(4 * n):
                 pay[4 * j * n + q] = u32(0)
-        elif kind == lse_class:  # one load a shard
+        elif holds == lse_class:  # one load a shard
             for k in range(n):
                 at = 4 * (j * n + k)
                 pay[at] = row_lse_bits(lse_bits, b, shard_rank(k, me) * hn + h, seq_lens,
@@ -202,16 +202,16 @@ def _chunk_moves(n, halves):
         return c % u_chunks != u_last or second == flag
 
     @jit
-    def note_line_item(lse_low, lse_high, pay, j, r, c, kind, me, d_count):
-        """Note the LSE bits that every shard's chunk c (of class ``kind``) of row r
+    def note_line_item(lse_low, lse_high, pay, j, r, c, holds, me, d_count):
+        """Note the LSE bits that every shard's chunk c (of class ``holds``) of row r
         holds (held item j)."""
         wb, nw = line_span(c)
-        if kind == lse_class:  # the first word is the LSE's
+        if holds == lse_class:  # the first word is the LSE's
             for k in range(n):
                 note_word(lse_low, lse_high, r, shard_rank(k, me), wb, pay[4 * (j * n + k)],
                           d_count)
             return
-        if kind != edge_class or not may_hold_lse(wb, nw, d_count):
+        if holds != edge_class or not may_hold_lse(wb, nw, d_count):
             return
         for k in range(n):
             at = 4 * (j * n + k)
@@ -364,14 +364,14 @@ def _held_items(n, halves):
 
 
 @functools.cache
-def _held_results(kind, n, halves):
+def _held_results(codec, n, halves):
     """Device function ``combine_held``: a held item combined into the output of
-    codec ``kind`` (by ``weigh_line`` and ``put_word`` where nothing needs a test)."""
+    codec ``codec`` (by ``weigh_line`` and ``put_word`` where nothing needs a test)."""
     f = device_functions()
-    encode = _codecs(kind)[4]
+    encode = codec_functions(codec)[4]
     pack_bf16x2, zero = f["pack_bf16x2"], f["zero"]
-    pairs, wide = kind == _BF16X2, kind == _F32
-    c = payload_combine(kind, n)
+    pairs, wide = codec == _BF16X2, codec == _F32
+    c = payload_combine(codec, n)
     value_low, value_high, weigh_words, nan_row = (c.value_low, c.value_high, c.weigh_words,
                                                    c.nan_row)
     line_span = _line_chunks(halves).line_span
@@ -414,12 +414,12 @@ def _held_results(kind, n, halves):
         if rows_of[j] != no_item:
             b, h = u64(tokens_of[j]), u64(heads_of[j])
             wb, nw = line_span(held_chunk(chunks_of, j))
-            kind = held_class(chunks_of, j)
+            holds = held_class(chunks_of, j)
             if bad:  # no result: NaN, never stale or partial data
                 nan_row(b, h, wb, nw, out, d_values)
-            elif kind == data_class or kind == edge_class:  # else no output value
+            elif holds == data_class or holds == edge_class:  # else no output value
                 r = u64(rows_of[j]) - tile_first
-                live = kind == data_class  # all output values, and no weight 0: no test
+                live = holds == data_class  # all output values, and no weight 0: no test
                 for k in range(n):
                     weights[k] = line_weights[r, k]
                     live = live and weights[k] != zero
@@ -432,8 +432,8 @@ def _held_results(kind, n, halves):
 
 
 @functools.cache
-def lines_kernel(kind, n, halves, dependent=False, trace=False):
-    """The kernel of the calls in lines, for codec ``kind``, ``n`` ranks and 16-bit
+def lines_kernel(codec, n, halves, dependent=False, trace=False):
+    """The kernel of the calls in lines, for codec ``codec``, ``n`` ranks and 16-bit
     pushed elements where ``halves`` (the arguments of ``direct_kernel``; its
     word-by-word region's argument is the lines region)."""
     load_relaxed = sync_functions()["load_relaxed"]
@@ -446,9 +446,9 @@ def lines_kernel(kind, n, halves, dependent=False, trace=False):
     h = _held_items(n, halves)
     place_held, next_item, token_head = h.place_held, h.next_item, h.token_head
     load_held, send_held, take_held = h.load_held, h.send_held, h.take_held
-    combine_held = _held_results(kind, n, halves)
-    row_weights = payload_combine(kind, n).row_weights
-    pairs = kind == _BF16X2
+    combine_held = _held_results(codec, n, halves)
+    row_weights = payload_combine(codec, n).row_weights
+    pairs = codec == _BF16X2
     nan = float32(np.nan)
     held_items = line_items(n)  # a thread's items, in registers throughout
     line_pay_words = 4 * n * held_items  # four words per shard and item

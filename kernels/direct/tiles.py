@@ -20,7 +20,7 @@ from numba import config, cuda, float32
 from .._device import device_functions
 from .._rows import UNROLL, WARP
 from .._sync import sync_functions
-from ..combine import RAW, _codecs, row_accumulator
+from ..combine import RAW, codec_functions, row_accumulator
 from ..pack import packed_row_steps
 from ._peers import (COMBINE, PUSH, grid_dependency, peer_functions, rank_functions,
                      trace_functions)
@@ -109,13 +109,13 @@ def _tile_pushes(n, push_group, halves):
 
 
 @functools.cache
-def _tile_combines(kind, n, group, unroll, trace):
+def _tile_combines(codec, n, group, unroll, trace):
     """Device function ``wait_and_combine``: wait for every peer's tile, then combine
-    it into the output of codec ``kind`` (NaN once a wait failed), ``group`` lanes
+    it into the output of codec ``codec`` (NaN once a wait failed), ``group`` lanes
     a row, ``unroll`` elements a lane and step."""
     f = device_functions()
-    lse_lanes, load_lse, _, _, encode = _codecs(kind)
-    load_two, add_weighted, store_row = row_accumulator(kind, group, unroll)
+    lse_lanes, load_lse, _, _, encode = codec_functions(codec)
+    load_two, add_weighted, store_row = row_accumulator(codec, group, unroll)
     row_is_empty = f["row_is_empty"]
     clean_lse, finish_max, lse_exp = f["clean_lse"], f["finish_max"], f["lse_exp"]
     inverse_total, global_lse, shard_weight = f["inverse_total"], f["global_lse"], f["shard_weight"]
@@ -233,9 +233,9 @@ def _tile_combines(kind, n, group, unroll, trace):
 
 
 @functools.cache
-def tiles_kernel(kind, n, push_group, group, halves, dependent=False, unroll=UNROLL,
+def tiles_kernel(codec, n, push_group, group, halves, dependent=False, unroll=UNROLL,
                  trace=False):
-    """The kernel of the calls in tiles, for codec ``kind``, ``n`` ranks, ``push_group``
+    """The kernel of the calls in tiles, for codec ``codec``, ``n`` ranks, ``push_group``
     and ``group`` lanes a row in the push and the combine, and 16-bit pushed
     elements where ``halves`` (the arguments of ``direct_kernel``)."""
     load_relaxed = sync_functions()["load_relaxed"]
@@ -244,9 +244,9 @@ def tiles_kernel(kind, n, push_group, group, halves, dependent=False, unroll=UNR
     clock, stamp_at, stamp = t.clock, t.stamp_at, t.stamp
     arrive = peer_functions(n).arrive
     preload_push, push_and_release = _tile_pushes(n, push_group, halves)
-    wait_and_combine = _tile_combines(kind, n, group, unroll, trace)
+    wait_and_combine = _tile_combines(codec, n, group, unroll, trace)
     accumulators = 2 * unroll
-    raw = RAW[kind]
+    raw = RAW[codec]
     push_raw = np.uint16 if halves else np.uint32  # the pushed elements
     u_n, u_warp = u64(n), u64(WARP)
     # a block waits for its tiles' pushes: the more blocks resident at once (each with

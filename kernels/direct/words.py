@@ -162,10 +162,10 @@ def _word_waits(n):
 
 
 @functools.cache
-def _word_results(kind, n):
+def _word_results(codec, n):
     """Device functions ``combine_words`` and ``nan_words``: an item's words combined
     into the output, or NaN."""
-    c = payload_combine(kind, n)
+    c = payload_combine(codec, n)
     row_weights, weigh_words, nan_row = c.row_weights, c.weigh_words, c.nan_row
     nan = np.float32(np.nan)
     jit = cuda.jit(device=True)
@@ -190,8 +190,8 @@ def _word_results(kind, n):
 
 
 @functools.cache
-def words_kernel(kind, n, halves, dependent=False, trace=False):
-    """The kernel of the calls word by word, for codec ``kind``, ``n`` ranks and
+def words_kernel(codec, n, halves, dependent=False, trace=False):
+    """The kernel of the calls word by word, for codec ``codec``, ``n`` ranks and
     16-bit pushed elements where ``halves`` (the arguments of ``direct_kernel``)."""
     s = sync_functions()
     load_relaxed = s["load_relaxed"]
@@ -203,8 +203,8 @@ def words_kernel(kind, n, halves, dependent=False, trace=False):
     i = _word_items(n, halves)
     ll_item, load_item, send_item, note_item = i.ll_item, i.load_item, i.send_item, i.note_item
     take_item = _word_waits(n)
-    combine_words, nan_words = _word_results(kind, n)
-    pairs = kind == _BF16X2
+    combine_words, nan_words = _word_results(codec, n)
+    pairs = codec == _BF16X2
     pay_words = 2 * n  # a (row, pair) item's words: two per shard
     lse_shape = (LL_TILE_ROWS, n)  # a word-by-word tile's LSE bits, per row and shard
     peer_failed = np.int64(PEER_FAILED)
