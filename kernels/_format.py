@@ -8,6 +8,12 @@ A rank's send buffer is ``[N, B, H/N, D + P]`` in the output dtype. Lanes
 lanes hold the bit pattern of the float32 ``lse[b, r*H/N + h]``: ``P = 2`` for
 16-bit outputs (lane ``D`` the low half, lane ``D+1`` the high half), ``P = 1``
 for float32 outputs (the value itself).
+
+Where the lanes sit is stated here once: :data:`LSE_HALF_BITS` and
+:data:`LSE_HALF_MASK` split the LSE's bits into lanes ``D`` (low) and ``D + 1``
+(high), and every kernel that writes or reads the lanes (pack, combine, the
+direct kernels, the host twins) takes them from here; :func:`lse_lanes` and
+:func:`split_packed` are the host's (NumPy) side of the same.
 """
 
 import ml_dtypes
@@ -15,15 +21,22 @@ import numpy as np
 
 __all__ = [
     "BFLOAT16",
+    "LSE_HALF_BITS",
+    "LSE_HALF_MASK",
     "SUPPORTED_DTYPES",
     "as_dtype",
     "bits_dtype",
     "c_strides",
     "check_heads",
+    "lse_lanes",
     "lse_pack_dim",
     "round_from_float64",
     "send_buffer_shape",
+    "split_packed",
 ]
+
+LSE_HALF_BITS = 16  # a 16-bit output's LSE: lane D the low 16 bits, lane D + 1 the high 16
+LSE_HALF_MASK = 0xFFFF
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 SUPPORTED_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
@@ -126,3 +139,32 @@ def round_from_float64(values, dtype):
     bits[sticky & away] -= np.uint32(1)
     bits[sticky & ~away] += np.uint32(1)
     return bits.view(np.float32).astype(dtype)
+
+
+def lse_lanes(lse_bits, pack_dim):
+    """The ``pack_dim`` lanes ``[..., P]`` (uint32) that carry the float32 LSE bits
+    ``lse_bits`` (uint32) in a packed row: the bits themselves for ``P = 1``, their
+    low and high halves for ``P = 2``."""
+    lse_bits = np.asarray(lse_bits, dtype=np.uint32)
+    if pack_dim == 1:
+        return lse_bits[..., None]
+    return np.stack([lse_bits & np.uint32(LSE_HALF_MASK),
+                     lse_bits >> np.uint32(LSE_HALF_BITS)], axis=-1)
+
+
+def split_packed(recv, head_dim):
+    """``(partials, lses)`` of packed rows ``recv [..., D + P]`` (float16, bfloat16 or
+    float32): the partials ``[..., D]`` (a view, in ``recv``'s dtype) and the LSEs
+    ``[...]`` (float32), read from the trailing lanes as :func:`lse_lanes` writes
+    them. ``ValueError`` unless the rows have ``head_dim + P`` lanes."""
+    recv = np.asarray(recv)
+    dtype = as_dtype(recv.dtype)
+    pack_dim = lse_pack_dim(dtype)
+    if recv.ndim < 1 or recv.shape[-1] != head_dim + pack_dim:
+        raise ValueError(f"recv's rows must have head_dim + {pack_dim} = {head_dim + pack_dim} "
+                         f"lanes (got shape {recv.shape})")
+    lanes = recv[..., head_dim:].view(bits_dtype(dtype)).astype(np.uint32)
+    lse_bits = lanes[..., 0]
+    if pack_dim == 2:
+        lse_bits = lse_bits | (lanes[..., 1] << np.uint32(LSE_HALF_BITS))
+    return recv[..., :head_dim], np.ascontiguousarray(lse_bits).view(np.float32)

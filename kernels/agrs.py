@@ -16,7 +16,7 @@ from numba.core import types
 
 from ._format import as_dtype
 from ._arrays import kernel_array, stream_ptr
-from ._device import device_functions
+from ._device import device_functions, inline_device, row_weights_of
 from ._launch import DeviceArray, SpecializedKernel, array_type
 from ._rows import UNROLL, lanes_per_row, row_cursor, row_grid
 from .combine import codec_functions, combine_codec
@@ -25,21 +25,18 @@ __all__ = ["agrs_correct", "agrs_finish", "correct_kernel", "correct_launch", "f
            "finish_launch", "mask_kernel", "mask_launch"]
 
 
-def _row_weights(f):
+@functools.cache
+def _row_weights():
     """Device function: ``(m, inv_total, total)`` of a row from its N gathered LSEs."""
-    clean_lse, finish_max, lse_exp = f["clean_lse"], f["finish_max"], f["lse_exp"]
-    inverse_total, zero, neg_inf = f["inverse_total"], f["zero"], f["neg_inf"]
+    @inline_device
+    def gathered(lses, r):
+        return lses[r]
+
+    weigh = row_weights_of(gathered)
 
     @cuda.jit(device=True)
     def row_weights(lses, base_e):
-        m = neg_inf
-        for r in range(lses.shape[0]):
-            m = max(m, clean_lse(lses[r]))
-        m = finish_max(m)
-        total = zero
-        for r in range(lses.shape[0]):
-            total += lse_exp(clean_lse(lses[r]) - m, base_e)
-        return m, inverse_total(total), total
+        return weigh(lses, lses.shape[0], base_e)
 
     return row_weights
 
@@ -48,7 +45,7 @@ def _row_weights(f):
 def _correct_kernel(codec, group):
     f = device_functions()
     _, _, decode, _, _ = codec_functions(codec)
-    row_weights, shard_weight, zero = _row_weights(f), f["shard_weight"], f["zero"]
+    row_weights, shard_weight, zero = _row_weights(), f["shard_weight"], f["zero"]
     u64 = np.uint64
     u_group, u_step = u64(group), u64(group * UNROLL)
     cursor = row_cursor()
@@ -92,7 +89,7 @@ def _correct_kernel(codec, group):
 def _finish_kernel(codec, group):
     f = device_functions()
     _, _, _, _, encode = codec_functions(codec)
-    row_weights, global_lse = _row_weights(f), f["global_lse"]
+    row_weights, global_lse = _row_weights(), f["global_lse"]
     u64 = np.uint64
     u_group, u_step = u64(group), u64(group * UNROLL)
     cursor = row_cursor()

@@ -19,15 +19,15 @@ from numba import cuda, float32, uint32
 
 from numba.core import types
 
-from ._format import BFLOAT16
+from ._format import BFLOAT16, LSE_HALF_BITS, LSE_HALF_MASK
 from ._arrays import kernel_array, stream_ptr
-from ._device import device_functions
+from ._device import device_functions, inline_device, row_weights_of
 from ._launch import DeviceArray, SpecializedKernel, array_type
 from ._rows import UNROLL, WARP, lanes_per_row, row_cursor, row_grid
 from ._specs import check_combine_args
 
-__all__ = ["codec_functions", "combine_codec", "combine_kernel", "combine_launch", "row_accumulator",
-           "unpack_combine"]
+__all__ = ["codec_functions", "combine_codec", "combine_kernel", "combine_launch", "lane_weights",
+           "row_accumulator", "unpack_combine"]
 
 
 _F32, _F16, _BF16, _BF16X2 = "float32", "float16", "bfloat16", "bfloat16x2"
@@ -42,6 +42,7 @@ def codec_functions(codec):
     as_float, as_bits = f["as_float"], f["as_bits"]
     bf16_to_f32_bits, f32_to_bf16_bits = f["bf16_to_f32_bits"], f["f32_to_bf16_bits"]
     low16, high16, sixteen = np.uint32(0xFFFF), np.uint32(0xFFFF0000), np.uint32(16)
+    lse_mask, lse_shift = np.uint32(LSE_HALF_MASK), np.uint32(LSE_HALF_BITS)
     jit = cuda.jit(device=True)
 
     # ``lse_lanes(vals, bits, b, h, width)`` gives the row's LSE lanes as views over the
@@ -83,7 +84,8 @@ def codec_functions(codec):
     else:
         @jit
         def load_lse(low, high, r):
-            return as_float(uint32((uint32(low[r]) & low16) | ((uint32(high[r]) & low16) << sixteen)))
+            return as_float(uint32((uint32(low[r]) & lse_mask)
+                                   | ((uint32(high[r]) & lse_mask) << lse_shift)))
 
         if codec == _F16:
             @jit
@@ -107,6 +109,21 @@ def codec_functions(codec):
         return as_float(uint32(uint32(x) & high16))
 
     return lse_lanes, load_lse, decode_lo, decode_hi, encode
+
+
+@functools.cache
+def lane_weights(codec, own_first=False):
+    """The weights of a row (``_math.build_row_weights``, inlined) from its LSE lanes
+    ``lanes = (low, high)`` as :func:`codec_functions`' ``lse_lanes`` gives them:
+    ``row_weights(lanes, count, base_e)``, or ``row_weights(lanes, own, me, count,
+    base_e)`` where ``own_first``."""
+    load_lse = codec_functions(codec)[1]
+
+    @inline_device
+    def lane_lse(lanes, r):
+        return load_lse(lanes[0], lanes[1], r)
+
+    return row_weights_of(lane_lse, own_first)
 
 
 @functools.cache
@@ -164,9 +181,8 @@ def _combine_kernel(codec, group=WARP, unroll=UNROLL):
     lse_lanes, load_lse = codec_functions(codec)[:2]
     load_two, add_weighted, store_row = row_accumulator(codec, group, unroll)
     raw = RAW[codec]
-    clean_lse, finish_max, lse_exp = f["clean_lse"], f["finish_max"], f["lse_exp"]
-    inverse_total, global_lse, shard_weight = f["inverse_total"], f["global_lse"], f["shard_weight"]
-    zero, neg_inf = f["zero"], f["neg_inf"]
+    row_weights = lane_weights(codec)
+    global_lse, shard_weight, zero = f["global_lse"], f["shard_weight"], f["zero"]
     step = group * unroll
     cursor = row_cursor()
 
@@ -203,14 +219,7 @@ def _combine_kernel(codec, group=WARP, unroll=UNROLL):
                     load_two(first, second, vals[r, b, h], vals[r1, b, h], base, d_count)
                     if not weighed:  # the row's LSEs load while the partials do (lane 0
                         # always gets here: D >= 1)
-                        m = neg_inf
-                        for q in range(n):
-                            m = max(m, clean_lse(load_lse(low, high, q)))
-                        m = finish_max(m)
-                        total = zero
-                        for q in range(n):
-                            total += lse_exp(clean_lse(load_lse(low, high, q)) - m, base_e)
-                        inv_total = inverse_total(total)
+                        m, inv_total, total = row_weights((low, high), n, base_e)
                         if write_lse and lane == 0:
                             out_lse[b, h] = global_lse(total, m, base_e)
                         weighed = True

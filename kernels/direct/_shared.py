@@ -16,7 +16,8 @@ from types import SimpleNamespace
 import numpy as np
 from numba import cuda, float32
 
-from .._device import device_functions
+from .._device import device_functions, inline_device, row_weights_of
+from .._format import LSE_HALF_BITS, LSE_HALF_MASK
 from ..combine import _F16, _F32, _BF16X2, codec_functions
 from ._peers import rank_functions
 
@@ -25,6 +26,7 @@ __all__ = ["packed_words", "payload_combine"]
 u64, u32 = np.uint64, np.uint32
 u_one, u_two = u64(1), u64(2)
 low16, sixteen, high16 = u32(0xFFFF), u32(16), u32(0xFFFF0000)
+lse_mask, lse_shift = u32(LSE_HALF_MASK), u32(LSE_HALF_BITS)
 
 
 @functools.cache
@@ -43,9 +45,9 @@ def packed_words(halves):
             return u32(src[i])
         if halves:
             if i == d_count:
-                return bits & low16
+                return bits & lse_mask
             if i == d_count + u_one:
-                return bits >> sixteen
+                return bits >> lse_shift
             return u32(0)
         return bits if i == d_count else u32(0)
 
@@ -64,15 +66,15 @@ def packed_words(halves):
         if halves:  # the word holds elements 2w (its low half) and 2w + 1
             e = w * u_two
             if e == d_count:
-                lse_low[r, p] = word & low16
-                lse_high[r, p] = word >> sixteen
+                lse_low[r, p] = word & lse_mask
+                lse_high[r, p] = word >> lse_shift
             elif e + u_one == d_count:
-                lse_low[r, p] = word >> sixteen
+                lse_low[r, p] = word >> lse_shift
             elif e == d_count + u_one:
-                lse_high[r, p] = word & low16
+                lse_high[r, p] = word & lse_mask
         elif w == d_count:
-            lse_low[r, p] = word & low16
-            lse_high[r, p] = word >> sixteen
+            lse_low[r, p] = word & lse_mask
+            lse_high[r, p] = word >> lse_shift
 
     return SimpleNamespace(packed_element=packed_element, packed_word=packed_word,
                            note_word=note_word)
@@ -86,8 +88,7 @@ def payload_combine(codec, n):
     f = device_functions()
     encode = codec_functions(codec)[4]
     shard_rank = rank_functions().shard_rank
-    clean_lse, finish_max, lse_exp = f["clean_lse"], f["finish_max"], f["lse_exp"]
-    inverse_total, global_lse, shard_weight = f["inverse_total"], f["global_lse"], f["shard_weight"]
+    global_lse, shard_weight = f["global_lse"], f["shard_weight"]
     zero, nan = f["zero"], float32(np.nan)
     as_float, f16_to_f32_bits = f["as_float"], f["f16_to_f32_bits"]
     # output words of two values; of one; float16 values
@@ -96,7 +97,7 @@ def payload_combine(codec, n):
 
     @jit
     def noted_lse(lse_low, lse_high, r, p):
-        return as_float(lse_low[r, p] | (lse_high[r, p] << sixteen))
+        return as_float(lse_low[r, p] | (lse_high[r, p] << lse_shift))
 
     @jit
     def value_low(word):
@@ -129,22 +130,19 @@ def payload_combine(codec, n):
             if w * u_two + u_one < d_values:
                 dst[w * u_two + u_one] = encode(high, high)
 
+    @inline_device
+    def noted(notes, p):
+        return noted_lse(notes[0], notes[1], notes[2], p)
+
+    weigh = row_weights_of(noted, own_first=True)
+
     @jit
     def row_weights(weights, lse_low, lse_high, r, b, h, out_lse, write_lse, base_e, me):
         """Row r's (token b, local head h) weight of each shard (this rank's own first,
         then the peers in rank order) into ``weights``, from the LSEs as noted; its
         global LSE into ``out_lse`` if ``write_lse``."""
         own = noted_lse(lse_low, lse_high, r, me)
-        m = clean_lse(own)
-        for p in range(n):
-            if p != me:
-                m = max(m, clean_lse(noted_lse(lse_low, lse_high, r, p)))
-        m = finish_max(m)
-        total = lse_exp(clean_lse(own) - m, base_e)
-        for p in range(n):
-            if p != me:
-                total += lse_exp(clean_lse(noted_lse(lse_low, lse_high, r, p)) - m, base_e)
-        inv_total = inverse_total(total)
+        m, inv_total, total = weigh((lse_low, lse_high, r), own, me, n, base_e)
         if write_lse:
             out_lse[b, h] = global_lse(total, m, base_e)
         for k in range(n):

@@ -20,7 +20,7 @@ from numba import config, cuda, float32
 from .._device import device_functions
 from .._rows import UNROLL, WARP
 from .._sync import sync_functions
-from ..combine import RAW, codec_functions, row_accumulator
+from ..combine import RAW, codec_functions, lane_weights, row_accumulator
 from ..pack import packed_row_steps
 from ._peers import (COMBINE, PUSH, grid_dependency, peer_functions, rank_functions,
                      trace_functions)
@@ -117,8 +117,8 @@ def _tile_combines(codec, n, group, unroll, trace):
     lse_lanes, load_lse, _, _, encode = codec_functions(codec)
     load_two, add_weighted, store_row = row_accumulator(codec, group, unroll)
     row_is_empty = f["row_is_empty"]
-    clean_lse, finish_max, lse_exp = f["clean_lse"], f["finish_max"], f["lse_exp"]
-    inverse_total, global_lse, shard_weight = f["inverse_total"], f["global_lse"], f["shard_weight"]
+    row_weights = lane_weights(codec, own_first=True)
+    global_lse, shard_weight = f["global_lse"], f["shard_weight"]
     zero, neg_inf, nan = f["zero"], f["neg_inf"], float32(np.nan)
     peer_rank = rank_functions().peer_rank
     wait_for = peer_functions(n).wait_for
@@ -166,16 +166,7 @@ def _tile_combines(codec, n, group, unroll, trace):
             if row_is_empty(np.int64(b), seq_lens, query_start_loc, num_seqs):
                 own_lse = neg_inf
             low, high = lse_lanes(window_vals, window_bits, b, h, width)
-            m = clean_lse(own_lse)
-            for p in range(n):
-                if p != me:
-                    m = max(m, clean_lse(load_lse(low, high, p)))
-            m = finish_max(m)
-            total = lse_exp(clean_lse(own_lse) - m, base_e)
-            for p in range(n):
-                if p != me:
-                    total += lse_exp(clean_lse(load_lse(low, high, p)) - m, base_e)
-            inv_total = inverse_total(total)
+            m, inv_total, total = row_weights((low, high), own_lse, me, n, base_e)
             if write_lse and lane == u64(0):
                 out_lse[b, h] = global_lse(total, m, base_e)
             base = lane
