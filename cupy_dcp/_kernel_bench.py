@@ -20,8 +20,8 @@ from .layout import as_dtype, bits_dtype, lse_pack_dim
 from .kernels._arrays import dummy_index, kernel_array
 from .kernels.combine import combine_codec, combine_launch
 from .kernels._rows import WARP
-from .kernels.direct import (COMBINE, PUSH, STATE_WORDS, WARPS, call_kernels, direct_launch,
-                             window_layout)
+from .kernels.direct import (COMBINE, PUSH, STATE_WORDS, WARPS, Protocol, call_kernels,
+                             direct_launch, window_layout)
 from .kernels.pack import pack_launch
 
 SHAPES = [(128, 512), (64, 128)]
@@ -180,8 +180,8 @@ def _direct_round(cupy, stream, args, dtype, B, n=2):
 
     # every rank's blocks resident at once, in tiles and word by word (each its kernel)
     resident = [min(k.resident_blocks(WARP * WARPS) for k in call_kernels(dtype, n, bits, D,
-                                                                          word_by_word=w))
-                for w in (False, True)]
+                                                                          protocol=protocol))
+                for protocol in (Protocol.TILES, Protocol.WORDS)]
     calls = [launch(r) for r in range(n)]
     forks = [cupy.cuda.Event(disable_timing=True) for _ in range(n)]
 
