@@ -73,12 +73,12 @@ def _launcher_costs(kernel, grid, block, stream, args):
     (:meth:`SpecializedKernel.prepare`: only the stream is set; ``-`` where the
     launcher prepares none); ``driver dependent`` launches as a programmatic
     dependent."""
-    from .kernels._launch import SpecializedKernel, _KINDS
+    from .kernels._launch import LAUNCHERS, SpecializedKernel
     costs = []
-    for kind, dependent in [(kind, False) for kind in _KINDS] + [("driver", True)]:
-        label = f"{kind} dependent" if dependent else kind
+    for launcher, dependent in [(name, False) for name in LAUNCHERS] + [("driver", True)]:
+        label = f"{launcher} dependent" if dependent else launcher
         try:
-            k = SpecializedKernel(kernel._dispatcher, kernel.argtypes, kind=kind,
+            k = SpecializedKernel(kernel._dispatcher, kernel.argtypes, launcher=launcher,
                                   dependent=dependent)
             call_us = _host_launch_us(lambda: k(grid, block, stream.ptr, args), stream)
             ready = k.prepare(grid, block, args)

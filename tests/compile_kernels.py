@@ -17,7 +17,6 @@ process: device functions are compiled for the capability given here, not for
 a GPU's.
 """
 
-import os
 import sys
 
 MISSING = 77  # the exit status when NVVM or NVRTC cannot be found
@@ -87,7 +86,9 @@ def toolchain_problem():
 
 
 def main(cc):
-    os.environ["CUPY_DCP_LAUNCHER"] = "numba"  # the kernels' wrappers then compile nothing
+    from cupy_dcp.kernels._launch import choose_launcher
+
+    choose_launcher("numba")  # the kernels' wrappers then compile nothing
     problem = toolchain_problem()
     if problem:
         print(f"no NVVM or NVRTC here ({problem})", flush=True)
