@@ -5,7 +5,8 @@ import ctypes
 
 import pytest
 
-from cupy_dcp.direct import dependent_launch, lines_setting, pdl_setting
+from cupy_dcp import _settings
+from cupy_dcp.direct import dependent_launch
 
 OWN = ["0000:19:00", "0000:3b:00"]  # every rank on a GPU of its own
 
@@ -20,24 +21,27 @@ def test_every_rank_on_its_own_hopper():
     (OWN + ["0000:19:00"], (9, 0), 13000, True),
     (OWN, (8, 0), 13000, True),  # no griddepcontrol before Hopper
     (OWN, (9, 0), 12020, True),  # graphs capture the dependency from CUDA 12.3 on
-    (OWN, (9, 0), 13000, False),  # CUPY_DCP_PDL=0
+    (OWN, (9, 0), 13000, False),  # pdl=False
 ])
 def test_ordinary_launches_elsewhere(addresses, capability, driver, enabled):
     assert not dependent_launch(addresses, capability, driver, enabled)
 
 
 def test_the_setting():
-    assert pdl_setting({}) and pdl_setting({"CUPY_DCP_PDL": "1"})
-    assert not pdl_setting({"CUPY_DCP_PDL": "0"})
+    # unset or 1: dependent launches where the GPUs support them (None); 0: never
+    assert _settings.pdl(None, {}) is None and _settings.pdl(None, {"CUPY_DCP_PDL": "1"}) is None
+    assert _settings.pdl(None, {"CUPY_DCP_PDL": "0"}) is False
     with pytest.raises(ValueError, match="CUPY_DCP_PDL"):
-        pdl_setting({"CUPY_DCP_PDL": "yes"})
+        _settings.pdl(None, {"CUPY_DCP_PDL": "yes"})
 
 
 def test_the_lines_setting():
-    assert lines_setting({}) and lines_setting({"CUPY_DCP_LINES": "1"})
-    assert not lines_setting({"CUPY_DCP_LINES": "0"})
+    every = ("tiles", "words", "lines")
+    assert _settings.protocols(None, {}) == every
+    assert _settings.protocols(None, {"CUPY_DCP_LINES": "1"}) == every
+    assert "lines" not in _settings.protocols(None, {"CUPY_DCP_LINES": "0"})
     with pytest.raises(ValueError, match=r"^CUPY_DCP_LINES must be 0 or 1 \(got 'off'\)$"):
-        lines_setting({"CUPY_DCP_LINES": "off"})
+        _settings.protocols(None, {"CUPY_DCP_LINES": "off"})
 
 
 def _config_bytes(config):
