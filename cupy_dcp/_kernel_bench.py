@@ -16,7 +16,9 @@ transfer of a real two-GPU call.
 
 import numpy as np
 
+from . import _settings
 from .layout import as_dtype, bits_dtype, lse_pack_dim
+from .kernels._launch import choose_launcher
 from .kernels._arrays import dummy_index, kernel_array
 from .kernels.combine import combine_kind, combine_launch
 from .kernels._rows import WARP
@@ -110,6 +112,7 @@ def run_kernels(args):
 
     if MPI.COMM_WORLD.rank != 0:
         return
+    choose_launcher(_settings.launcher())  # CUPY_DCP_LAUNCHER picks the kernels' launcher
     n = 2
     dtype = as_dtype(args.dtype)
     bits = bits_dtype(dtype)
