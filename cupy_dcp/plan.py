@@ -77,6 +77,7 @@ class _Plan:
     plan's :class:`PlanSettings` (``settings_type``) with the shared ones; the
     ranks agree on them; then :meth:`_prepare_device` (collective, only with
     peers), :meth:`_warm_up` and :meth:`_allocate` (collective) build the plan.
+    The plan keeps its settings as :attr:`settings`.
     """
 
     strategy = None
