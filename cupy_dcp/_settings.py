@@ -12,9 +12,10 @@ built), so a bad value fails the plan's construction, on every rank.
     The default of ``DcpDirectPlan(protocols=None)``: ``0`` leaves out
     ``"lines"``; ``1`` or unset, every protocol.
 ``CUPY_DCP_LAUNCHER`` (``core``, ``driver``, ``cupy`` or ``numba``)
-    The process's kernel launcher, chosen once, as the first plan is built
-    (``cupy_dcp.kernels._launch.choose_launcher``); unset or empty, the first
-    that runs here.
+    The process's kernel launcher, chosen once, as the first plan (or the
+    kernel bench) is built: ``cupy_dcp.kernels._launch.choose_launcher``, which
+    code that uses the kernels alone calls itself. Unset or empty, the first
+    launcher that runs here.
 
 The plans agree on the resolved values across ranks: a rank whose environment
 resolves differently makes every rank raise ``ValueError``.
