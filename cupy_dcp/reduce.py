@@ -8,7 +8,7 @@ from .comm import as_communicator
 from .layout import bits_dtype, c_strides, round_from_float64, send_buffer_shape
 from .kernels import (agrs_correct_host, agrs_lse_host, combine_host, mask_lse_host,
                       pack_host)
-from .reference import unpack_reference
+from .kernels._format import split_packed
 
 __all__ = ["dcp_a2a_lse_reduce", "dcp_ag_rs_lse_reduce"]
 
@@ -207,7 +207,7 @@ def _a2a_host(x, lse32, comm, base_e, seq_lens, query_start_loc, dtype, signed):
         comm.exchange_signed(send_rows, recv_rows, signed[1], signed[0])
         recv_rows[comm.rank, :chunk] = send_rows[comm.rank, :chunk]
         recv = _in_rows(recv_rows, shape, ubits)
-    parts, lses = unpack_reference(recv.view(dtype), D)
+    parts, lses = split_packed(recv.view(dtype), D)
     acc = np.empty((B, H // n, D), dtype=np.float64)
     global_lse = np.empty((B, H // n), dtype=np.float64)
     combine_host(parts.astype(np.float32), lses, acc, global_lse, base_e)

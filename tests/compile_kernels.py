@@ -28,7 +28,6 @@ against it and exits 1 naming the kernels whose PTX changed.
 
 import hashlib
 import json
-import os
 import re
 import sys
 from importlib import metadata
@@ -70,7 +69,7 @@ def kernels():
     import numpy as np
 
     from cupy_dcp.kernels import agrs, bare_push, combine, direct, pack
-    from cupy_dcp.layout import as_dtype
+    from cupy_dcp.kernels._format import as_dtype
 
     found = []
 
@@ -96,7 +95,7 @@ def kernels():
         for path in ("tiles", "words", "lines"):
             for dependent in (False, True):
                 for i, k in enumerate(direct.call_kernels(dtype, n, bits, d, dependent,
-                                                          path == "words", path == "lines")):
+                                                          direct.Protocol(path))):
                     add(f"direct {dtype} N={n} D={d} {path}"
                         f"{' dependent' if dependent else ''} #{i} pushes "
                         f"{k.argtypes[1].dtype}", k)
@@ -128,7 +127,9 @@ def toolchain_problem():
 
 
 def main(cc, mode=None):
-    os.environ["CUPY_DCP_LAUNCHER"] = "numba"  # the kernels' wrappers then compile nothing
+    from cupy_dcp.kernels._launch import choose_launcher
+
+    choose_launcher("numba")  # the kernels' wrappers then compile nothing
     problem = toolchain_problem()
     if problem:
         print(f"no NVVM or NVRTC here ({problem})", flush=True)
