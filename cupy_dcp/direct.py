@@ -39,6 +39,7 @@ them), and it must be closed.
 
 import ctypes
 import dataclasses
+import numbers
 import typing
 
 import numpy as np
@@ -49,6 +50,7 @@ from .kernels._rows import WARP
 from .kernels.direct import (PEER_FAILED, STATE_WORDS, TIMED_OUT, WARPS, Protocol, call_kernels,
                              direct_launch, line_rows, region_grid, window_layout)
 from . import _settings
+from .comm import check_timeout
 from .plan import DcpA2APlan, PlanSettings, _Plan, _ready_steps
 from .kernels._arrays import kernel_array
 
@@ -74,20 +76,23 @@ def direct_problem(comm):
 def _survey(comm):
     """Collective: ``(problem, addresses)``: :func:`direct_problem`'s answer and every
     rank's GPU as a PCI address (``None`` where a problem was found before them)."""
-    from .comm import _cupy_problem, node_rank_and_size
+    from mpi4py import MPI
 
-    mpi = comm.mpi_comm
-    if node_rank_and_size(mpi)[1] != mpi.Get_size():
+    from .comm import _cupy_problem
+
+    # every step is bounded by the communicator's timeout (MPI's Split_type is not)
+    nodes = comm.allgather_object("finding the ranks' nodes", MPI.Get_processor_name())
+    if len(set(nodes)) > 1:
         return "the ranks are not all on one node", None
     problem = _cupy_problem()
-    if mpi.allgather(problem is None) != [True] * comm.world_size:
+    if not all(comm.allgather_object("checking the ranks' GPUs", problem is None)):
         return "a rank lacks CuPy or a GPU", None
     comm.select_device()
     import cupy
 
     runtime = cupy.cuda.runtime
     mine = _pci_address(runtime, comm.device)
-    everyone = mpi.allgather(mine)
+    everyone = comm.allgather_object("finding the ranks' GPUs", mine)
     local = {_pci_address(runtime, d): d for d in range(runtime.getDeviceCount())}
     problem = None
     for rank, address in enumerate(everyone):
@@ -98,7 +103,7 @@ def _survey(comm):
             problem = f"no peer access from rank {comm.rank}'s GPU to rank {rank}'s"
         if problem:
             break
-    problems = [p for p in mpi.allgather(problem) if p]
+    problems = [p for p in comm.allgather_object("checking peer access", problem) if p]
     return (problems[0] if problems else None), everyone
 
 
@@ -141,6 +146,16 @@ class _Devices(typing.NamedTuple):
     dependent: bool  # calls launch as programmatic dependents (:func:`resolve_pdl`)
 
 
+def _check_kernel_timeout(timeout):
+    """The kernels' wait, ``timeout``, as float seconds: ``TypeError`` unless a real
+    number (not a bool, see :func:`cupy_dcp.comm.check_timeout`), ``ValueError``
+    unless > 0 and finite enough for the kernels' nanosecond clock."""
+    if (isinstance(timeout, numbers.Real) and not isinstance(timeout, bool)
+            and not 0 < timeout <= _MAX_TIMEOUT):  # NaN too
+        raise ValueError(f"timeout must be > 0 and <= {_MAX_TIMEOUT:g} seconds (got {timeout!r})")
+    return check_timeout(timeout)
+
+
 def _pci_address(runtime, device):
     props = runtime.getDeviceProperties(device)
     return f"{props['pciDomainID']:04x}:{props['pciBusID']:02x}:{props['pciDeviceID']:02x}"
@@ -155,7 +170,8 @@ class DcpDirectPlan(_Plan):
             is_lse_base_on_e: as for :class:`DcpA2APlan`.
         timeout: seconds a call waits for a peer's tile before it gives up
             (see the module docstring); ``None`` is the communicator's
-            ``timeout``, else 30 s.
+            ``timeout``, else 30 s. A number (not a bool: ``TypeError``), >
+            0 and at most 1e9 (``ValueError``).
         pdl: launch calls as programmatic dependents (see the module
             docstring): ``True`` (``RuntimeError`` where a rank's GPU cannot),
             ``False``, or ``None``: where every rank has a GPU of its own that
@@ -169,10 +185,12 @@ class DcpDirectPlan(_Plan):
     :attr:`settings` (a :class:`DirectSettings`).
 
     Collective to build and to :meth:`close` (or use it as a context
-    manager). Raises ``RuntimeError`` on every rank where the group cannot
-    use it (see :func:`direct_problem`); :func:`dcp_plan` falls back to the
-    NCCL all-to-all instead. Calls of one plan must be made in the same order
-    on every rank, each on one stream (or synchronised by the caller).
+    manager); every step of the build waits at most the communicator's
+    :meth:`~cupy_dcp.Communicator.limit` for a peer. Raises ``RuntimeError``
+    on every rank where the group cannot use it (see :func:`direct_problem`);
+    :func:`dcp_plan` falls back to the NCCL all-to-all instead. Calls of one
+    plan must be made in the same order on every rank, each on one stream (or
+    synchronised by the caller).
     """
 
     strategy = "direct"
@@ -189,11 +207,9 @@ class DcpDirectPlan(_Plan):
 
     def _own_settings(self, comm, timeout, pdl, protocols):
         timeout = timeout if timeout is not None else comm.timeout
-        timeout = DEFAULT_TIMEOUT if timeout is None else timeout
-        if not (isinstance(timeout, (int, float)) and 0 < timeout <= _MAX_TIMEOUT):
-            raise ValueError(f"timeout must be > 0 and <= {_MAX_TIMEOUT:g} seconds (got {timeout!r})")
+        timeout = _check_kernel_timeout(DEFAULT_TIMEOUT if timeout is None else timeout)
         # the ranks agree on the timeout too: a rank that gave up sooner would stop pushing
-        return dict(timeout=float(timeout), pdl=_settings.pdl(pdl),
+        return dict(timeout=timeout, pdl=_settings.pdl(pdl),
                     protocols=_settings.protocols(protocols))
 
     def _prepare_device(self, settings):
@@ -207,7 +223,8 @@ class DcpDirectPlan(_Plan):
         import cupy
 
         capability = divmod(int(cupy.cuda.Device(self.comm.device).compute_capability), 10)
-        gpus = self.comm.mpi_comm.allgather((capability, cupy.cuda.runtime.driverGetVersion()))
+        gpus = self.comm.allgather_object("comparing the ranks' GPUs",
+                                          (capability, cupy.cuda.runtime.driverGetVersion()))
         return _Devices(addresses, resolve_pdl(settings.pdl, addresses, gpus))
 
     def _allocate(self, cupy, settings, device, resident):
@@ -224,7 +241,8 @@ class DcpDirectPlan(_Plan):
         # ranks sharing a GPU may run any of the kernels beside each other: the smallest
         # residency bounds them all then (a block of one fits where another's could)
         resident = resident if sharing == 1 else [min(resident)] * 3
-        caps = comm.mpi_comm.allgather([max(1, r // sharing) for r in resident])
+        caps = comm.allgather_object("sizing the direct calls",
+                                     [max(1, r // sharing) for r in resident])
         self._max_blocks, self._ll_max_blocks, self._line_max_blocks = (
             min(c) for c in zip(*caps))
         width = self.head_dim + lse_pack_dim(self.dtype)
@@ -247,7 +265,7 @@ class DcpDirectPlan(_Plan):
             handle = runtime.ipcGetMemHandle(self._window)
         except Exception as exc:  # every rank must learn of it, or the others would wait
             error, handle = exc, None
-        handles = comm.mpi_comm.allgather(None if error else bytes(handle))
+        handles = comm.allgather_object("sharing the windows", None if error else bytes(handle))
         if error is None and None not in handles:
             try:
                 for rank, theirs in enumerate(handles):
@@ -256,7 +274,8 @@ class DcpDirectPlan(_Plan):
                             theirs, runtime.cudaIpcMemLazyEnablePeerAccess))
             except Exception as exc:
                 error = exc
-        failed = comm.mpi_comm.allgather(None if error is None else f"{type(error).__name__}: {error}")
+        failed = comm.allgather_object("mapping the windows",
+                                       None if error is None else f"{type(error).__name__}: {error}")
         bad = [(r, e) for r, e in enumerate(failed) if e]
         if bad:
             self._release(cupy)
