@@ -11,7 +11,7 @@ current stream (no host synchronisation).
 
 import numpy as np
 
-__all__ = ["empty_rows", "single_combine"]
+__all__ = ["empty_rows", "single_combine", "single_device"]
 
 
 def empty_rows(xp, lse32, seq_lens=None, query_start_loc=None):
@@ -41,3 +41,17 @@ def single_combine(xp, x_bits, lse32, seq_lens=None, query_start_loc=None):
     zero = empty[..., None] | (x_bits == sign)
     result = xp.where(zero, x_bits.dtype.type(0), x_bits).astype(x_bits.dtype)
     return result, xp.where(empty, np.float32(-np.inf), lse32).astype(np.float32)
+
+
+def single_device(x, lse, bits, seq_lens=None, query_start_loc=None, stream=None):
+    """:func:`single_combine` of device arrays on ``stream`` (``None``: CuPy's current
+    stream): ``(result bits [B, H, D] of the dtype ``bits``, global LSE [B, H]
+    float32)``, new CuPy arrays; the inputs are read, never written."""
+    import cupy
+
+    from .kernels._arrays import as_cupy, cupy_stream, stream_ptr
+
+    with cupy_stream(stream_ptr(stream)):
+        masks = () if seq_lens is None else (as_cupy(seq_lens), as_cupy(query_start_loc))
+        return single_combine(cupy, as_cupy(x).view(bits), as_cupy(lse).astype(np.float32),
+                              *masks)

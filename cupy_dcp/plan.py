@@ -173,7 +173,8 @@ class _Plan:
 
         Returns:
             ``[B, H/N, D]`` (and ``[B, H/N]`` float32 when the plan returns the
-            LSE). A group of one returns its inputs.
+            LSE). A group of one follows the rules of a larger group: masked
+            tokens and empty rows (a NaN or infinite LSE) give 0 and LSE -inf.
         """
         if self._closed:
             raise RuntimeError(f"this {type(self).__name__} is closed")
@@ -194,7 +195,8 @@ class _Plan:
         if out_lse is not None:
             _checks.check_out(out_lse, (B, self.local_heads), np.dtype(np.float32))
         if n == 1:
-            return self._identity(cp_attn_out, cp_attn_lse, out, out_lse)
+            return self._single(cp_attn_out, cp_attn_lse, out, out_lse, seq_lens,
+                                query_start_loc, stream)
         result = self._result[:B] if out is None else out
         result_lse = None
         if self.return_lse:
@@ -297,18 +299,26 @@ class _Plan:
         self.close()
         return False
 
-    def _identity(self, x, lse, out, out_lse):
-        """A group of one returns its inputs (copied into ``out`` / ``out_lse`` when given)."""
-        if out is not None:
-            out[...] = as_cupy(x)
-            x = out
-        if not self.return_lse:
-            return x
-        lse = as_cupy(lse).astype(np.float32, copy=False)
-        if out_lse is not None:
-            out_lse[...] = lse
-            lse = out_lse
-        return x, lse
+    def _single(self, x, lse, out, out_lse, seq_lens, query_start_loc, stream):
+        """A group of one: the rules of a larger group (:mod:`cupy_dcp._single`: masked
+        and empty rows give 0 and LSE -inf), written on ``stream`` into the plan's
+        result buffers, or ``out`` / ``out_lse`` when given."""
+        import cupy
+
+        from ._single import single_device
+
+        B = x.shape[0]
+        result = self._result[:B] if out is None else out
+        result_lse = None
+        if self.return_lse:
+            result_lse = self._result_lse[:B] if out_lse is None else out_lse
+        with cupy.cuda.Device(self.comm.device):
+            bits, lse32 = single_device(x, lse, self.bits, seq_lens, query_start_loc, stream)
+            with cupy_stream(stream_ptr(stream)):
+                as_cupy(result).view(self.bits)[...] = bits
+                if result_lse is not None:
+                    as_cupy(result_lse)[...] = lse32
+        return (result, result_lse) if self.return_lse else result
 
 
 class DcpA2APlan(_Plan):

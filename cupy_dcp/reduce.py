@@ -149,19 +149,15 @@ def _reduce(strategy, x, lse, comm, return_lse, base_e, out, seq_lens, query_sta
 def _single_device(x, lse, out, return_lse, seq_lens, query_start_loc, stream, dtype):
     """A group of one on the device, on ``stream``: the rules of a larger group
     (:mod:`cupy_dcp._single`), in ``out`` when given."""
-    import cupy
+    from ._single import single_device
+    from .kernels._arrays import cupy_stream, stream_ptr
 
-    from ._single import single_combine
-    from .kernels._arrays import as_cupy, cupy_stream, stream_ptr
-
-    with cupy_stream(stream_ptr(stream)):
-        masks = () if seq_lens is None else (as_cupy(seq_lens), as_cupy(query_start_loc))
-        bits, result_lse = single_combine(cupy, as_cupy(x).view(bits_dtype(dtype)),
-                                          as_cupy(lse).astype(np.float32), *masks)
-        result = bits.view(dtype)
-        if out is not None:
+    bits, result_lse = single_device(x, lse, bits_dtype(dtype), seq_lens, query_start_loc, stream)
+    result = bits.view(dtype)
+    if out is not None:
+        with cupy_stream(stream_ptr(stream)):
             out[...] = result
-            result = out
+        result = out
     return (result, result_lse) if return_lse else result
 
 

@@ -34,13 +34,15 @@ def test_synchronize_returns_once_the_stream_drains(comm):
 
 
 @pytest.mark.parametrize("plan_type", [cupy_dcp.DcpA2APlan, cupy_dcp.DcpAgRsPlan])
-def test_a_group_of_one_returns_its_inputs(comm, plan_type):
+def test_a_group_of_one_keeps_the_rows_that_are_not_empty(comm, plan_type):
     import cupy
     plan = plan_type(comm, 8, 4, 16, "bfloat16", return_lse=True)
     x = cupy.asarray(np.random.default_rng(0).standard_normal((5, 4, 16))).astype(plan.dtype)
     lse = cupy.zeros((5, 4), dtype=cupy.float16)
     got, got_lse = plan(x, lse)
-    assert got is x and got_lse.dtype == cupy.float32 and got_lse.shape == (5, 4)
+    assert got is not x and bool((got.view(cupy.uint16) == x.view(cupy.uint16)).all())
+    assert got_lse.dtype == cupy.float32 and got_lse.shape == (5, 4)
+    assert bool((got_lse == 0).all())
     out = cupy.empty_like(x)
     got = cupy_dcp.dcp_a2a_lse_reduce(x, lse, comm, out=out)
     assert got is out and bool((out.view(cupy.uint16) == x.view(cupy.uint16)).all())

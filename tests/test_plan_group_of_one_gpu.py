@@ -1,0 +1,59 @@
+"""Plans of one rank follow the rules of a larger group, as the functional API's group
+of one does: masked tokens and empty rows (NaN or infinite LSE) give 0 and LSE -inf,
+bit for bit the host combine's answer; the inputs are never written."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import cupy_dcp
+from cupy_dcp.layout import BFLOAT16
+from gpu import requires_gpu
+
+pytestmark = [pytest.mark.gpu, requires_gpu]
+
+PLANS = [cupy_dcp.DcpA2APlan, cupy_dcp.DcpAgRsPlan, cupy_dcp.DcpDirectPlan]
+
+
+def _case(dtype):
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((9, 4, 6)).astype(np.float32).astype(dtype)
+    x[0, 1, :3] = -0.0
+    x[1, 2] = np.nan  # under a NaN LSE: must not leak
+    lse = rng.uniform(-3, 3, (9, 4)).astype(np.float32)
+    lse[1, 2], lse[4, 0], lse[6, 3] = np.nan, np.inf, -np.inf
+    masks = dict(seq_lens=np.array([2, 0, 0, 3, 1], np.int32),
+                 query_start_loc=np.array([1, 3, 5, 5, 7, 8], np.int64))
+    return x, lse, masks
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "masked"])
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16, np.float32], ids=str)
+@pytest.mark.parametrize("plan_type", PLANS, ids=lambda p: p.__name__)
+def test_a_plan_of_one_rank_is_the_host_combine(plan_type, dtype, masked):
+    import cupy
+
+    x, lse, masks = _case(dtype)
+    masks = masks if masked else {}
+    want, want_lse = cupy_dcp.dcp_a2a_lse_reduce(x, lse, MPI.COMM_SELF, return_lse=True, **masks)
+    bits = np.uint16 if np.dtype(dtype).itemsize == 2 else np.uint32
+    comm = cupy_dcp.Communicator.from_mpi(MPI.COMM_SELF, backend="mpi", timeout=30)
+    with plan_type(comm, 12, 4, 6, dtype, return_lse=True) as plan:
+        dx, dlse = cupy.asarray(x), cupy.asarray(lse)
+        dmasks = {k: cupy.asarray(v) for k, v in masks.items()}
+        for given in (False, True):
+            out = cupy.full(x.shape, np.nan, dtype=dx.dtype) if given else None
+            out_lse = cupy.full(lse.shape, np.nan, dtype=cupy.float32) if given else None
+            got, got_lse = plan(dx, dlse, out=out, out_lse=out_lse, **dmasks)
+            cupy.cuda.get_current_stream().synchronize()
+            if given:
+                assert got is out and got_lse is out_lse
+            assert got is not dx
+            np.testing.assert_array_equal(cupy.asnumpy(got).view(bits), want.view(bits))
+            np.testing.assert_array_equal(cupy.asnumpy(got_lse), want_lse)
+        np.testing.assert_array_equal(cupy.asnumpy(dx).view(bits), x.view(bits))
+        np.testing.assert_array_equal(cupy.asnumpy(dlse), lse)
+    comm.free()
+    # the comparison covers empty rows: the host combine left them 0 with LSE -inf
+    empty = ([0, 8], slice(None)) if masked else ([1, 4], [2, 0])
+    assert (want[empty] == 0).all() and (want_lse[empty] == -np.inf).all()
