@@ -20,11 +20,12 @@ from numba import cuda, float32, uint32
 from numba.core import types
 
 from ._format import BFLOAT16, LSE_HALF_BITS, LSE_HALF_MASK
-from ._arrays import kernel_array, stream_ptr
+from ._arrays import dummy_index, kernel_array, stream_ptr
 from ._device import device_functions, inline_device, row_weights_of
 from ._launch import DeviceArray, SpecializedKernel, array_type
 from ._rows import UNROLL, WARP, lanes_per_row, row_cursor, row_grid
 from ._specs import check_combine_args
+from ._trailer import STATUS_WORDS, WORDS, trailer_functions
 
 __all__ = ["codec_functions", "combine_codec", "combine_kernel", "combine_launch", "lane_weights",
            "row_accumulator", "unpack_combine"]
@@ -32,6 +33,8 @@ __all__ = ["codec_functions", "combine_codec", "combine_kernel", "combine_launch
 
 _F32, _F16, _BF16, _BF16X2 = "float32", "float16", "bfloat16", "bfloat16x2"
 RAW = {_F32: np.float32, _F16: np.float16, _BF16: np.uint16, _BF16X2: np.uint32}  # as loaded
+RAW_BITS = {codec: np.dtype(np.uint32 if np.dtype(raw).itemsize == 4 else np.uint16)
+            for codec, raw in RAW.items()}  # the buffer seen as bits
 
 
 @functools.cache
@@ -186,15 +189,33 @@ def _combine_kernel(codec, group=WARP, unroll=UNROLL):
     step = group * unroll
     cursor = row_cursor()
 
+    _, get_word, flat_thread = trailer_functions(RAW_BITS[codec].itemsize == 2)
+
     u64 = np.uint64
     u_group, u_step, u_one, u_two = u64(group), u64(step), u64(1), u64(2)
+    u_words, u_status = u64(WORDS), u64(STATUS_WORDS)
 
     # Indices are unsigned so that Numba emits no negative-index wraparound.
     @cuda.jit
-    def combine(vals, bits, out, out_lse, write_lse, base_e):
+    def combine(vals, bits, out, out_lse, write_lse, base_e, status, state):
         n = u64(vals.shape[0])
         hn = u64(vals.shape[2])
-        rows = u64(vals.shape[1]) * hn
+        tokens = u64(out.shape[0])
+        rows = tokens * hn
+        if u64(vals.shape[1]) > tokens:  # a plan's trailer rows: every peer signed as rank 0?
+            t, t_step = flat_thread()
+            if t == u64(0):
+                state[0] = state[1] + 1  # the next call's number (see pack_launch)
+            while t < (n - u_one) * u_words:
+                p, f = t // u_words + u_one, t % u_words
+                first, theirs = get_word(bits, u64(0), tokens, f), get_word(bits, p, tokens, f)
+                if first != theirs:
+                    at = (p * u_words + f) * u_status
+                    status[at + u_one] = first
+                    status[at + u_two] = theirs
+                    cuda.threadfence_system()  # the words before the flag, for the host
+                    status[at] = 1
+                t += t_step
         width = u64(vals.shape[3])
         d_count = u64(out.shape[2])
         lane, row, row_step = cursor(u_group)
@@ -263,7 +284,8 @@ def combine_kernel(dtype, pairs=False, group=WARP):
     bits = np.dtype(np.uint32 if value.itemsize == 4 else np.uint16)
     i64 = types.int64
     argtypes = (array_type(value, 4, True), array_type(bits, 4, True),
-                array_type(value, 3, False), array_type(np.float32, 2, False), i64, i64)
+                array_type(value, 3, False), array_type(np.float32, 2, False), i64, i64,
+                array_type(np.int64, 1, True), array_type(np.int64, 1, True))
     return SpecializedKernel(_combine_kernel(codec, group), argtypes)
 
 
@@ -292,10 +314,16 @@ def unpack_combine(recv, out, out_lse=None, is_lse_base_on_e=True, stream=None):
     kernel(grid, block, stream_ptr(stream), args)
 
 
-def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e):
+def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None):
     """``(kernel, grid, block, args)`` of one combine, for ``recv_bits`` (the receive
     buffer seen as bits), ``out`` (seen as the codec's values) and optional
     ``out_lse``; bfloat16 goes in pairs (uint32 words) where both buffers allow it.
+
+    ``signed``: a plan's ``(status, state)``, int64 device arrays: ``recv_bits``
+    then holds ``B + k`` token rows per chunk (``B = out.shape[0]``), the
+    trailers of ``_trailer``; the kernel compares every peer's with rank 0's and
+    marks each differing word in ``status`` (``N * WORDS * STATUS_WORDS`` words,
+    host-mapped memory in a plan); it sets ``state[0]`` to ``state[1] + 1``.
     """
     codec, value = combine_codec(dtype)
     recv_bits.require_c_contiguous("recv")
@@ -307,8 +335,9 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e):
     write_lse = out_lse is not None
     if not write_lse:  # never read: a placeholder of the right type
         out_lse = DeviceArray(out.ptr, (0, 0), (4, 4), np.float32, out.owner)
+    status, state = (dummy_index(), dummy_index()) if signed is None else signed
     group = lanes_per_row(out.shape[2])
     grid, block = row_grid(out.shape[0] * out.shape[1], group)
     kernel = combine_kernel(dtype, codec == _BF16X2, group)
     return kernel, grid, block, (recv_vals, recv_bits, out, out_lse, int(write_lse),
-                                 int(bool(is_lse_base_on_e)))
+                                 int(bool(is_lse_base_on_e)), status, state)

@@ -22,6 +22,7 @@ from ._launch import SpecializedKernel, array_type
 from ._math import NEG_INF_BITS
 from ._rows import UNROLL, WARP, lanes_per_row, row_cursor, row_grid
 from ._specs import check_pack_args
+from ._trailer import CALL, TOKENS, WORDS, trailer_functions
 from ._vector import QUAD, vector_functions
 
 __all__ = ["pack_kernel", "pack_launch", "pack_send"]
@@ -163,18 +164,40 @@ def packed_row_writer(group=WARP):
 
 
 @functools.cache
-def _pack_kernel(group=WARP):
+def _pack_kernel(group=WARP, half=False):
     write_packed_row = packed_row_writer(group)
     cursor = row_cursor()
+    put_word, _, flat_thread = trailer_functions(half)
 
     u64 = np.uint64
-    u_group = u64(group)
+    u_group, u_words, u_tokens, u_call = u64(group), u64(WORDS), u64(TOKENS), u64(CALL)
+    low32 = np.int64(0xFFFFFFFF)
 
     # Indices are unsigned so that Numba emits no negative-index wraparound.
     @cuda.jit
-    def pack(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank):
-        b_count = u64(send.shape[1])
+    def pack(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank,
+             signature, state):
+        b_count = u64(data.shape[0])
         hn = u64(send.shape[2])
+        if u64(send.shape[1]) > b_count:  # a plan's trailer rows: sign every chunk
+            # state[0] is read here and written only by the combine, state[1] the reverse:
+            # no thread of a kernel reads a word another of its threads writes
+            call = np.uint32(state[0] & low32)
+            t, t_step = flat_thread()
+            if t == u64(0):
+                state[1] = state[0]
+            while t < u64(send.shape[0]) * u_words:
+                r, f = t // u_words, t % u_words
+                value = np.uint32(signature[f])
+                if f == u_tokens:
+                    value = np.uint32(b_count)
+                elif f == u_call:
+                    value = call
+                if self_rank >= 0 and r == u64(self_rank):
+                    put_word(recv, r, b_count, f, value)
+                else:
+                    put_word(send, r, b_count, f, value)
+                t += t_step
         rows = u64(send.shape[0]) * b_count * hn
         width = u64(send.shape[3])
         d_count = u64(data.shape[2])
@@ -200,8 +223,9 @@ def pack_kernel(bits, group=WARP):
     i64 = types.int64
     argtypes = (array_type(bits, 3, False), array_type(np.uint32, 2, False),
                 array_type(np.int64, 1, True), array_type(np.int64, 1, True), i64,
-                array_type(bits, 4, True), array_type(bits, 4, True), i64)
-    return SpecializedKernel(_pack_kernel(group), argtypes)
+                array_type(bits, 4, True), array_type(bits, 4, True), i64,
+                array_type(np.int64, 1, True), array_type(np.int64, 1, True))
+    return SpecializedKernel(_pack_kernel(group, np.dtype(bits).itemsize == 2), argtypes)
 
 
 def pack_send(out, lse, send, stream=None, seq_lens=None, query_start_loc=None,
@@ -250,10 +274,19 @@ def pack_send(out, lse, send, stream=None, seq_lens=None, query_start_loc=None,
     kernel(grid, block, ptr, args)
 
 
-def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank):
+def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank,
+                signed=None):
     """``(kernel, grid, block, args)`` of one pack: :class:`DeviceArray` arguments in,
     moved as uint32 words where the 16-bit data and both buffers allow it (the
-    LSE's two lanes are then one word)."""
+    LSE's two lanes are then one word).
+
+    ``signed``: a plan's ``(signature, state)``, int64 device arrays: ``send``
+    and ``recv`` then hold ``B + k`` token rows per chunk, and the kernel writes
+    the trailer of ``_trailer`` after each chunk's ``B = data.shape[0]`` rows
+    (``signature``: the :data:`~._trailer.FIELDS` words, its tokens and call
+    number ignored; the call number is ``state[0]``, copied into ``state[1]``
+    for the combine, which advances ``state[0]``).
+    """
     send.require_c_contiguous("send")
     recv.require_c_contiguous("recv")
     seq_lens.require_c_contiguous("seq_lens")
@@ -262,7 +295,9 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
         words = data.as_words(), send.as_words(), recv.as_words()
         if None not in words:
             data, send, recv = words
+    signature, state = (dummy_index(), dummy_index()) if signed is None else signed
     group = lanes_per_row(data.shape[2])
-    grid, block = row_grid(send.shape[0] * send.shape[1] * send.shape[2], group)
+    grid, block = row_grid(send.shape[0] * data.shape[0] * send.shape[2], group)
     return pack_kernel(data.dtype, group), grid, block, (
-        data, lse_bits, seq_lens, query_start_loc, int(num_seqs), send, recv, int(self_rank))
+        data, lse_bits, seq_lens, query_start_loc, int(num_seqs), send, recv, int(self_rank),
+        signature, state)
