@@ -40,16 +40,26 @@ def _not_capturing(cupy, stream_ptr):
 
 
 def staged_alltoall(comm, send_ptr, recv_ptr, chunk_bytes, stream_ptr):
-    """All-to-all of N chunks of ``chunk_bytes``; this rank's own chunk of ``recv`` is left alone."""
+    """All-to-all of N chunks of ``chunk_bytes``; this rank's own chunk of ``recv`` is left alone.
+
+    The host rows are signed with ``chunk_bytes`` (``Communicator.exchange_signed``):
+    ranks whose chunks differ in size raise the same ``ValueError`` before any byte
+    reaches the device, where NCCL could not tell.
+    """
+    from ._signed import TRAILER_BYTES
+
     cupy = _cuda()
     _not_capturing(cupy, stream_ptr)
     n = comm.world_size
-    send = _to_host(cupy, send_ptr, n * chunk_bytes, stream_ptr).reshape(n, chunk_bytes)
+    send = np.empty((n, chunk_bytes + TRAILER_BYTES), dtype=np.uint8)
+    send[:, :chunk_bytes] = _to_host(cupy, send_ptr, n * chunk_bytes,
+                                     stream_ptr).reshape(n, chunk_bytes)
     recv = np.empty_like(send)
-    comm.alltoall_host(send, recv)
-    for peer in range(n):
-        if peer != comm.rank:
-            _to_device(cupy, recv_ptr + peer * chunk_bytes, recv[peer], stream_ptr)
+    got = comm.exchange_signed(send, recv, dict(chunk_bytes=chunk_bytes),
+                               "the staged all-to-all of device arrays")
+    for peer, body in enumerate(got):
+        if body is not None:
+            _to_device(cupy, recv_ptr + peer * chunk_bytes, np.ascontiguousarray(body), stream_ptr)
 
 
 def staged_allgather(comm, send_ptr, recv_ptr, count, stream_ptr):
