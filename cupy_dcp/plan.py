@@ -8,7 +8,8 @@ plan lives: a graph that captured a call stays valid as long as the plan (and
 the arrays the call read) do.
 
 - :class:`DcpA2APlan`: pack, ONE all-to-all (grouped send/recv; this rank's
-  own chunk never crosses it), exact combine.
+  own chunk never crosses it), exact combine; every chunk carries its call's
+  signature, so that divergent calls raise (see the class).
 - :class:`DcpAgRsPlan`: all-gather of the LSEs, correction of every head by
   this rank's exact weight (float32), reduce-scatter (sum, float32), rounding.
 """
@@ -19,6 +20,8 @@ import functools
 import numpy as np
 
 from . import _checks, _settings
+from ._divergence import A2A_CODE, MappedWords, divergence_message
+from .kernels import _trailer
 from .comm import _cupy_problem, as_communicator
 from .layout import BFLOAT16, as_dtype, bits_dtype, c_strides, check_heads, lse_pack_dim
 from .kernels._arrays import (as_cupy, cupy_stream, dummy_index, kernel_array, pointer_device,
@@ -324,6 +327,20 @@ class _Plan:
 class DcpA2APlan(_Plan):
     """The packed all-to-all combine of one layer shape, ready to call every step.
 
+    Divergent calls are caught by default, at no extra exchange and no host
+    synchronisation: every chunk carries a trailer with its call's signature
+    (tokens, heads, head size, dtype, LSE base, strategy and the plan's call
+    number, counted on the device so that graph replays count too; the format
+    is ``cupy_dcp.kernels._trailer``'s). The combine kernel compares every
+    peer's with rank 0's, on every rank alike, and marks differences in
+    host-mapped memory; the next call, :meth:`check` or :meth:`synchronize`
+    reads that memory (no synchronisation) and raises the same ``ValueError``
+    on every rank, naming the first field that differs and the ranks. That
+    call's result (and that of any call enqueued before the check ran) is
+    void. Calls whose byte counts differ (tokens, heads or head size) feed NCCL
+    mismatched sizes, which it cannot report: :meth:`synchronize`'s bounded
+    wait ends it and names the likely cause.
+
     Collective to build: every rank of ``comm`` builds it with the same
     arguments (checked: a mismatch raises the same ``ValueError`` on every
     rank); it joins the NCCL communicator if that is not built yet.
@@ -348,9 +365,20 @@ class DcpA2APlan(_Plan):
     def _allocate(self, cupy, settings, device, kernels):
         n = self.comm.world_size
         self._width = self.head_dim + lse_pack_dim(self.dtype)
-        nbytes = n * self.max_tokens * self.local_heads * self._width * self.bits.itemsize
+        row_bytes = self.local_heads * self._width * self.bits.itemsize
+        self._trailer_rows = _trailer.trailer_rows(self.local_heads, self._width,
+                                                   self.bits.itemsize)
+        nbytes = n * (self.max_tokens + self._trailer_rows) * row_bytes
         self._send = cupy.empty(nbytes, cupy.uint8)
         self._recv = cupy.empty_like(self._send)
+        signature = [_trailer.MAGIC, 0, self.num_heads, self.head_dim,
+                     _trailer.DTYPE_CODES[self.dtype.name], int(self.base_e), A2A_CODE, 0]
+        self._signature = cupy.asarray(np.array(signature, np.int64))
+        self._state = cupy.zeros(2, cupy.int64)  # the call number (see pack_launch)
+        self._status = MappedWords(n * _trailer.WORDS * _trailer.STATUS_WORDS, self)
+        cupy.cuda.runtime.deviceSynchronize()  # the buffers are set before any call
+        self._signed = (kernel_array(self._signature, np.int64, "signature"),
+                        kernel_array(self._state, np.int64, "state"))
 
     def _warm_up(self, settings, device):
         D = self.head_dim
@@ -365,8 +393,9 @@ class DcpA2APlan(_Plan):
         """Send and receive views for ``tokens`` tokens, built once per size."""
         views = self._views.get(tokens)
         if views is None:
-            shape = (self.comm.world_size, tokens, self.local_heads, self._width)
-            chunk = tokens * self.local_heads * self._width * self.bits.itemsize
+            shape = (self.comm.world_size, tokens + self._trailer_rows, self.local_heads,
+                     self._width)
+            chunk = shape[1] * self.local_heads * self._width * self.bits.itemsize
             views = self._views[tokens] = (_flat_view(self._send, shape, self.bits),
                                            _flat_view(self._recv, shape, self.bits), chunk)
         return views
@@ -375,9 +404,43 @@ class DcpA2APlan(_Plan):
         send, recv, chunk = self._buffers(tokens)
         comm, send_ptr, recv_ptr = self.comm, send.ptr, recv.ptr
         return _ready_steps(
-            pack_launch(x_bits, lse.view(np.uint32), *mask, send, recv, comm.rank),
+            pack_launch(x_bits, lse.view(np.uint32), *mask, send, recv, comm.rank,
+                        signed=self._signed),
             lambda ptr: comm.alltoall_device(send_ptr, recv_ptr, chunk, ptr),
-            combine_launch(self.dtype, recv, result, result_lse, self.base_e))
+            combine_launch(self.dtype, recv, result, result_lse, self.base_e,
+                           signed=(self._status.array, self._signed[1])))
+
+    def _run(self, tokens, x_bits, lse, mask, result, result_lse, ptr):
+        self.check()
+        super()._run(tokens, x_bits, lse, mask, result, result_lse, ptr)
+
+    def check(self):
+        """Raise the ``ValueError`` of a divergent call that a combine has recorded
+        (see the class docstring; it reads host-mapped memory: no synchronisation),
+        once: the record is cleared. A call enqueued but not yet run is not seen."""
+        if self._closed:
+            raise RuntimeError(f"this {type(self).__name__} is closed")
+        if self.comm.world_size == 1:
+            return
+        message = divergence_message(type(self).__name__, self._status.words)
+        if message is not None:
+            self._status.words[:] = 0
+            raise ValueError(message)
+
+    def synchronize(self, stream=None, timeout=None):
+        """Wait for this plan's work on ``stream`` (see :meth:`_Plan.synchronize`),
+        then :meth:`check`."""
+        super().synchronize(stream, timeout)
+        self.check()
+
+    def close(self):
+        """Release the plan's buffers; see :meth:`_Plan.close`."""
+        if self._closed:
+            return
+        super().close()
+        status = getattr(self, "_status", None)
+        if status is not None:
+            status.free()
 
 
 class DcpAgRsPlan(_Plan):
