@@ -9,6 +9,7 @@ x_empty, x_copy, over_empty_us, bytes_read, bytes_written, gbs, copy_gbs,
 pct_device_copy, grid, block, host_us``.
 """
 
+import argparse
 import json
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -16,7 +17,8 @@ SHAPES = ((128, 512), (32, 128), (64, 128))  # (H, D) of the issue's table
 KERNELS = ("pack", "pack_masked", "combine", "agrs_correct", "agrs_finish")
 
 __all__ = ["DTYPES", "KERNELS", "SHAPES", "add_kernel_args", "check_kernel_args", "dtype_list",
-           "kernel_cases", "kernel_list", "kernel_row", "kernel_table", "parse_shapes", "write_rows"]
+           "kernel_cases", "kernel_list", "kernel_row", "kernel_table", "parse_shapes",
+           "write_rows"]
 
 
 def dtype_list(text):
@@ -64,8 +66,6 @@ def parse_shapes(text):
 
 def _option(parse):
     """``parse`` as an argparse type: its ValueError's message becomes the usage error."""
-    import argparse
-
     def parsed(text):
         try:
             return parse(text)
@@ -80,7 +80,8 @@ def add_kernel_args(parser):
     ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
     parser.add_argument("--world-size", type=ints, default=[2], metavar="N,...",
                         help="--kernels: the ranks N whose buffers [N, B, H/N, D+P] are timed")
-    parser.add_argument("--shapes", type=_option(parse_shapes), default=list(SHAPES), metavar="HxD,...",
+    parser.add_argument("--shapes", type=_option(parse_shapes), default=list(SHAPES),
+                        metavar="HxD,...",
                         help="--kernels: the (H, D) shapes (default: the issue's table)")
     parser.add_argument("--only", type=_option(kernel_list), default=list(KERNELS),
                         metavar="KERNEL,...", help=f"--kernels: time only these, of "
