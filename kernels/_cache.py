@@ -55,7 +55,8 @@ __all__ = ["CacheWarning", "cache_dir", "cached_njit", "code_fingerprint", "cuda
 _FORMAT = 1  # of an entry file; part of every key
 _MAGIC = b"cupy_dcp kernel cache\n"
 _PACKAGE = __name__.rpartition(".")[0]  # this kernels package
-_TOP = __name__.partition(".")[0]  # the distribution: its functions are fingerprinted by code
+# functions of these are named, not read: their versions are in every key
+_LIBRARIES = frozenset({"numba", "numba_cuda", "numpy", "llvmlite", "cuda", "builtins", "math"})
 
 
 class CacheWarning(UserWarning):
@@ -172,10 +173,11 @@ class _Fingerprint:
             self._put("module", v.__name__)
         elif hasattr(v, "py_func") and hasattr(v, "targetoptions"):  # a Numba dispatcher
             self._once(v, lambda: self._dispatcher(v))
-        elif isinstance(v, pytypes.FunctionType) and v.__module__.partition(".")[0] == _TOP:
+        elif (isinstance(v, pytypes.FunctionType)
+              and str(v.__module__).partition(".")[0] not in _LIBRARIES):
             self._once(v, lambda: self._function(v))
         elif isinstance(v, (pytypes.FunctionType, pytypes.BuiltinFunctionType, type)):
-            # outside this distribution: its library's version is in the key
+            # a library's (its version is in the key), a builtin or a class
             self._put("external", getattr(v, "__module__", ""), getattr(v, "__qualname__", ""))
         elif type(v).__module__.partition(".")[0] == "numba":  # Numba types and the like
             self._put("numba", type(v).__qualname__, str(v))
