@@ -43,11 +43,11 @@ import os
 
 import numpy as np
 
+from ._compile import direct_residency
 from .layout import c_strides, lse_pack_dim
 from .kernels._launch import DeviceArray
-from .kernels._rows import WARP
-from .kernels.direct import (PEER_FAILED, STATE_WORDS, TIMED_OUT, WARPS, call_kernels,
-                             direct_launch, line_rows, region_grid, window_layout)
+from .kernels.direct import (PEER_FAILED, STATE_WORDS, TIMED_OUT, direct_launch, line_rows,
+                             region_grid, window_layout)
 from .plan import DcpA2APlan, _Plan, _ready_steps
 from .kernels._arrays import kernel_array
 
@@ -266,11 +266,11 @@ class DcpDirectPlan(_Plan):
         self._dependent = dependent_launch(self._addresses, capability,
                                            runtime.driverGetVersion(), self._pdl)
         # the blocks of WARPS warps that fit at once: of the kernels in tiles, of the
-        # word-by-word ones and of those in lines (each has its own registers)
-        self._resident = [min(k.resident_blocks(WARP * WARPS)
-                              for k in call_kernels(self.dtype, n, self.bits, self.head_dim,
-                                                    self._dependent, **path))
-                          for path in ({}, dict(word_by_word=True), dict(lines=True))]
+        # word-by-word ones and of those in lines (each has its own registers); only
+        # the paths that calls can take are compiled
+        self._resident = direct_residency(
+            self.comm, self.dtype, self.bits, self.head_dim, self.max_tokens, self.local_heads,
+            self._dependent, self._lines, self._addresses.count(self._addresses[self.comm.rank]))
 
     def _run(self, tokens, x_bits, lse, mask, result, result_lse, ptr):
         self.check()
