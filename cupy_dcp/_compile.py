@@ -54,17 +54,21 @@ def agrs_tasks(dtype, num_heads, head_dim):
 
 
 def direct_tasks(dtype, n, bits, head_dim, dependent, path):
-    """The direct kernels of one ``path`` (one of :data:`PATHS`)."""
-    from .kernels.direct import call_kernels
+    """The direct kernels of one ``path`` (one of :data:`PATHS`), one task each: those
+    of ``call_kernels`` (which builds them all at once), in its order."""
+    from .kernels.direct import direct_kernel
 
-    def build(i):
-        return call_kernels(dtype, n, bits, head_dim, dependent, path == "words",
-                            path == "lines")[i]
-
-    count = 1
-    if np.dtype(bits).itemsize == 2 and head_dim % 2 == 0:
-        count = 3 if np.dtype(dtype) == BFLOAT16 else 2
-    return [functools.partial(build, i) for i in range(count)]
+    dtype, bits, D = np.dtype(dtype), np.dtype(bits), int(head_dim)
+    words = np.dtype(np.uint32)
+    options = dict(word_by_word=path == "words", lines=path == "lines")
+    variants = [(bits, False, lanes_per_row(D), lanes_per_row(D))]
+    if bits.itemsize == 2 and D % 2 == 0:  # 16-bit data as words, and bfloat16 in pairs
+        variants.append((words, False, lanes_per_row(D // 2), lanes_per_row(D)))
+        if dtype == BFLOAT16:
+            variants.append((words, True, lanes_per_row(D // 2), lanes_per_row(D // 2)))
+    return [functools.partial(direct_kernel, dtype, n, push_bits, pairs, push_group, group,
+                              bool(dependent), **options)
+            for push_bits, pairs, push_group, group in variants]
 
 
 def direct_paths(n, max_tokens, local_heads, width, itemsize, max_blocks, ll_max_blocks,

@@ -390,7 +390,7 @@ def cuda_image(dispatcher, argtypes, cc):
             return found[1], found[0]["entry_name"], False
         found = _load(keys[1])
         if found is not None:  # built without a GPU: link it here, once
-            cubin = _link_ptx(found[1], cc)
+            cubin = _link_ptx(found[1], cc, dispatcher.targetoptions)
             _store(keys[0], found[0], cubin)
             _count("loaded")
             return cubin, found[0]["entry_name"], False
@@ -404,10 +404,12 @@ def cuda_image(dispatcher, argtypes, cc):
     return cubin, compiled.entry_name, True
 
 
-def _link_ptx(ptx, cc):
+def _link_ptx(ptx, cc, options):
+    """The cubin of ``ptx`` for ``cc``, linked as Numba links a kernel's PTX."""
     from numba.cuda.cudadrv import driver
 
-    linker = driver.Linker.new(cc=cc)
+    linker = driver.Linker.new(max_registers=options.get("max_registers") or 0,
+                               lineinfo=bool(options.get("lineinfo")), cc=cc)
     linker.add_ptx(bytes(ptx))
     cubin = linker.complete()
     return bytes(getattr(cubin, "code", cubin))

@@ -63,6 +63,36 @@ def test_a2a_variants():
     assert len(a2a_tasks(np.dtype(np.float32), 512)) == 2
 
 
+CALL_KERNELS = """
+import os
+os.environ["CUPY_DCP_LAUNCHER"] = "numba"  # building a wrapper compiles nothing
+import numpy as np
+from cupy_dcp._compile import PATHS, direct_tasks
+from cupy_dcp.kernels.direct import call_kernels
+from cupy_dcp.layout import as_dtype
+checked = 0
+for dtype, bits, d in (("bfloat16", np.uint16, 512), ("float16", np.uint16, 72),
+                       ("float16", np.uint16, 33), ("float32", np.uint32, 300)):
+    for n in (2, 3):
+        for path in PATHS:
+            for dependent in (False, True):
+                want = call_kernels(as_dtype(dtype), n, np.dtype(bits), d, dependent,
+                                    path == "words", path == "lines")
+                got = [task() for task in direct_tasks(as_dtype(dtype), n, bits, d, dependent,
+                                                       path)]
+                assert got == want, (dtype, d, n, path, dependent)
+                checked += 1
+print("checked", checked)
+"""
+
+
+def test_direct_tasks_are_call_kernels_one_by_one():
+    proc = subprocess.run([sys.executable, "-c", CALL_KERNELS], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["checked", "48"]
+
+
 def test_build_shared_alone_runs_every_task_once():
     runs = []
     assert build_shared(None, [lambda i=i: runs.append(i) or i for i in range(3)]) == [0, 1, 2]
