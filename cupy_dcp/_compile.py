@@ -22,7 +22,7 @@ from .layout import BFLOAT16, lse_pack_dim
 from .kernels._rows import WARP, lanes_per_row
 
 __all__ = ["a2a_tasks", "agrs_tasks", "build_shared", "direct_paths", "direct_residency",
-           "direct_tasks"]
+           "direct_tasks", "share_compiles"]
 
 PATHS = ("tiles", "words", "lines")  # the order of a direct plan's residency list
 
@@ -137,6 +137,15 @@ def direct_residency(comm, dtype, bits, head_dim, max_tokens, local_heads, depen
     return [found.get(p, placeholder) for p in PATHS]
 
 
+_sharing = [True]
+
+
+def share_compiles(enabled):
+    """Whether :func:`build_shared` splits the first runs among a node's ranks (on by
+    default; off, each rank runs every task itself: for measurements)."""
+    _sharing[0] = bool(enabled)
+
+
 def build_shared(mpi_comm, tasks):
     """Collective over ``mpi_comm`` (``None``: this process alone): run every task and
     return their results in order, the node's ranks sharing the first run of each.
@@ -151,7 +160,8 @@ def build_shared(mpi_comm, tasks):
     from .kernels import _cache
 
     tasks = list(tasks)
-    if mpi_comm is None or mpi_comm.Get_size() == 1 or _cache.cache_dir() is None:
+    if (mpi_comm is None or mpi_comm.Get_size() == 1 or _cache.cache_dir() is None
+            or not _sharing[0]):
         return [task() for task in tasks]
     from .comm import node_rank_and_size
 

@@ -10,7 +10,9 @@ synchronised result; for ``host``, ``plan`` is making the inputs). Kinds: ``host
 on host arrays over MPI), ``a2a`` (:class:`DcpA2APlan`), ``direct``
 (:class:`DcpDirectPlan`) and ``agrs`` (:class:`DcpAgRsPlan`); by default
 ``host`` without a GPU, else ``a2a,direct``. Run it without ``mpirun``: it
-starts its own ranks. ``--keep-cache DIR`` keeps the warm cache in DIR.
+starts its own ranks. ``--alone``: the ranks of the cold run compile every
+kernel each, not a share (one rank's cold compile). ``--keep-cache DIR``
+keeps the warm cache in DIR.
 """
 
 import argparse
@@ -36,6 +38,8 @@ def parse(argv):
     p.add_argument("--heads", type=int, default=128)
     p.add_argument("--head-dim", type=int, default=512)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--alone", action="store_true",
+                   help="the cold run's ranks do not share their compiles")
     p.add_argument("--keep-cache", metavar="DIR")
     p.add_argument("--json", dest="json_path")
     args, _ = p.parse_known_args(argv)
@@ -76,7 +80,8 @@ def _child_env(folder):
 def measure(kind, args, folder):
     """One fresh start of ``kind`` on the cache ``folder``: rank 0's record."""
     argv = [sys.executable, "-m", "mpi4py", "-m", "cupy_dcp._startup", "--child", kind,
-            str(args.tokens), str(args.heads), str(args.head_dim), args.dtype]
+            str(args.tokens), str(args.heads), str(args.head_dim), args.dtype,
+            "alone" if args.alone else "shared"]
     if args.ranks > 1:
         mpiexec = _mpiexec()
         if mpiexec is None:
@@ -126,16 +131,20 @@ def run(argv=None):
     return results
 
 
-def child(kind, tokens, heads, head_dim, dtype_name):
+def child(kind, tokens, heads, head_dim, dtype_name, sharing="shared"):
     """One rank of a fresh start: build ``kind``, make its first call, print rank 0's
-    times as ``startup {json}``."""
+    times as ``startup {json}``; ``sharing``: ``"alone"`` to compile without the
+    node's other ranks."""
     began = time.perf_counter()
     import numpy as np
 
     import cupy_dcp
     from mpi4py import MPI
 
+    from ._compile import share_compiles
     from .kernels import _cache
+
+    share_compiles(sharing != "alone")
 
     mpi = MPI.COMM_WORLD
     imported = time.perf_counter()
@@ -178,6 +187,7 @@ def child(kind, tokens, heads, head_dim, dtype_name):
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
+        child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6],
+              sys.argv[7])
     else:
         run()
