@@ -27,7 +27,9 @@ Safety: an entry is written to a temporary file in the same folder, then
 renamed over its name (``os.replace``), so readers on several ranks never see
 half a file. Each entry carries its whole key and a SHA-256 of its contents:
 a corrupt or truncated entry, or one of another key, is ignored (with a
-:class:`CacheWarning` for a corrupt one) and rebuilt. A folder that cannot be
+:class:`CacheWarning` for a corrupt one) and rebuilt. Nothing is evicted: an
+entry whose key no longer arises is never read again (delete the folder to
+reclaim its space). A folder that cannot be
 made or written (read-only, full) turns writing off for the process, with one
 warning; nothing raises. Under the CUDA simulator nothing is cached.
 
