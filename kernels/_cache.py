@@ -392,10 +392,15 @@ def cuda_image(dispatcher, argtypes, cc):
             return found[1], found[0]["entry_name"], False
         found = _load(keys[1])
         if found is not None:  # built without a GPU: link it here, once
-            cubin = _link_ptx(found[1], cc, dispatcher.targetoptions)
-            _store(keys[0], found[0], cubin)
-            _count("loaded")
-            return cubin, found[0]["entry_name"], False
+            try:
+                cubin = _link_ptx(found[1], cc, dispatcher.targetoptions)
+            except Exception as exc:  # e.g. a driver older than the PTX: compile instead
+                warnings.warn(f"cupy_dcp: a cached kernel's PTX did not link ({exc}); "
+                              "compiling it", CacheWarning, stacklevel=2)
+            else:
+                _store(keys[0], found[0], cubin)
+                _count("loaded")
+                return cubin, found[0]["entry_name"], False
     dispatcher.compile(argtypes)
     compiled = dispatcher.overloads[argtypes]
     cubin = compiled.library.get_cubin(cc=cc)
