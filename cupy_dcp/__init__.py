@@ -14,6 +14,8 @@ Compiled kernels are kept on disk across processes (see
 
 import importlib
 
+from .kernels import _cache as _kernel_cache
+
 _HOMES = {  # each public name and the module that defines it, imported on first use
     "Communicator": "comm",
     "DcpA2APlan": "plan",
@@ -45,6 +47,15 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def _kernel_cache_dir():  # read on the kernel cache's first use, not at import
+    from ._settings import kernel_cache_dir
+
+    return kernel_cache_dir()
+
+
+_kernel_cache.use_default(_kernel_cache_dir)
 
 
 def __getattr__(name):

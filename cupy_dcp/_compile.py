@@ -72,21 +72,24 @@ def direct_tasks(dtype, n, bits, head_dim, dependent, path):
 
 
 def direct_paths(n, max_tokens, local_heads, width, itemsize, max_blocks, ll_max_blocks,
-                 line_max_blocks, lines=True):
-    """The paths that the calls of a direct plan take, of :data:`PATHS`: those that
-    :func:`region_grid <cupy_dcp.kernels.direct.region_grid>` picks for some call
-    of 1 to ``max_tokens`` tokens, on the windows' regions for these sizes and on
-    these blocks (the fewest that every rank holds; ``None``: not known yet, so
-    that path's kernels are counted in wherever its region takes a row)."""
+                 line_max_blocks, protocols=PATHS):
+    """The paths that the calls of a direct plan take, of its ``protocols`` (names of
+    :data:`PATHS`): those that :func:`region_grid <cupy_dcp.kernels.direct.region_grid>`
+    picks for some call of 1 to ``max_tokens`` tokens, on the windows' regions
+    for these sizes and on these blocks (the fewest that every rank holds;
+    ``None``: not known yet, so that a path's kernels are counted in wherever
+    its region takes a row)."""
     from .kernels.direct import LINES, WORDS, line_rows, region_grid, window_layout
 
+    words, lines = "words" in protocols, "lines" in protocols
     unknown = None in (ll_max_blocks, line_max_blocks)
     rows = line_rows(n, max_tokens, local_heads, width, itemsize, line_max_blocks or 1) \
         if lines and not unknown else 0
-    layout = window_layout(n, max_tokens, local_heads, width, itemsize, line_rows=rows)
+    layout = window_layout(n, max_tokens, local_heads, width, itemsize,
+                           rows=None if words else 0, line_rows=rows)
     if unknown:
         found = set(PATHS)
-        if not layout.ll_shape[2] or local_heads > layout.ll_shape[2]:
+        if not words or local_heads > layout.ll_shape[2]:
             found.discard("words")
         if not lines or not line_rows(n, max_tokens, local_heads, width, itemsize, 1):
             found.discard("lines")
@@ -102,18 +105,17 @@ def direct_paths(n, max_tokens, local_heads, width, itemsize, max_blocks, ll_max
     return found
 
 
-def direct_residency(comm, dtype, bits, head_dim, max_tokens, local_heads, dependent, lines,
-                     sharing):
+def direct_residency(comm, dtype, bits, head_dim, max_tokens, local_heads, dependent,
+                     protocols, sharing):
     """Collective: build the direct kernels that the plan's calls can take and return
     the blocks of each path's kernels that fit at once (the fewest among a path's
     variants), in :data:`PATHS` order; a path that no call takes gets the most of
-    the others (it bounds nothing). ``sharing``: the ranks on this rank's GPU;
-    ``lines``: this rank's lines setting (off anywhere is off everywhere)."""
+    the others (it bounds nothing). ``protocols``: the plan's (agreed by every
+    rank); ``sharing``: the ranks on this rank's GPU."""
     from .kernels.direct import WARPS
 
     n = comm.world_size
     mpi = comm.mpi_comm
-    lines = all(mpi.allgather(bool(lines)))
     width = int(head_dim) + lse_pack_dim(dtype)
     sizes = (n, int(max_tokens), int(local_heads), width, np.dtype(bits).itemsize)
     threads = WARP * WARPS
@@ -122,15 +124,15 @@ def direct_residency(comm, dtype, bits, head_dim, max_tokens, local_heads, depen
         kernels = build_shared(mpi, direct_tasks(dtype, n, bits, head_dim, dependent, path))
         return min(k.resident_blocks(threads) for k in kernels)
 
-    first = [p for p in ("words", "lines") if p in direct_paths(*sizes, None, None, None, lines)]
+    first = [p for p in ("words", "lines")
+             if p in direct_paths(*sizes, None, None, None, protocols)]
     found = {p: resident(p) for p in first}
     # the blocks every rank can count on, as the plan reckons them: ranks that share a
     # GPU bound every kernel by the fewest of any (the kernels of no call's path aside)
     counted = {p: min(found.values()) if sharing > 1 else r for p, r in found.items()}
     caps = [max(1, counted.get(p, 0) // sharing) for p in ("words", "lines")]
     caps = [min(c) for c in zip(*mpi.allgather(caps))]
-    needed = direct_paths(*sizes, None, caps[0] if "words" in found else 1,
-                          caps[1] if "lines" in found else 1, lines and "lines" in found)
+    needed = direct_paths(*sizes, None, caps[0], caps[1], ("tiles",) + tuple(first))
     if "tiles" in needed or not found:
         found["tiles"] = resident("tiles")
     placeholder = max(found.values())

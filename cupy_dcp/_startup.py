@@ -25,7 +25,6 @@ import tempfile
 import time
 
 KINDS = ("host", "a2a", "direct", "agrs")
-_STARTED = "CUPY_DCP_STARTUP_SPAWNED"  # the parent's clock when it started the ranks
 
 
 def parse(argv):
@@ -67,28 +66,21 @@ def _mpiexec():
     return here if os.path.exists(here) else shutil.which("mpiexec")
 
 
-def _child_env(folder):
-    # a clean MPI start for the ranks: none of this process's own MPI state
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_", "PMIX_", "PMI_")) or k.startswith("OMPI_ALLOW_RUN")}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               CUPY_DCP_CACHE_DIR=str(folder), PYTHONUNBUFFERED="1")
-    env.pop("CUPY_DCP_CACHE", None)
-    return env
-
-
 def measure(kind, args, folder):
     """One fresh start of ``kind`` on the cache ``folder``: rank 0's record."""
+    from . import _settings
+
     argv = [sys.executable, "-m", "mpi4py", "-m", "cupy_dcp._startup", "--child", kind,
             str(args.tokens), str(args.heads), str(args.head_dim), args.dtype,
-            "alone" if args.alone else "shared"]
+            "alone" if args.alone else "shared", str(folder)]
     if args.ranks > 1:
         mpiexec = _mpiexec()
         if mpiexec is None:
             raise RuntimeError("--ranks > 1 needs mpiexec (the 'mpi' extra)")
         argv = [mpiexec, "--oversubscribe", "-n", str(args.ranks)] + argv
-    env = _child_env(folder)
-    env[_STARTED] = repr(time.time())
+    env = _settings.spawn_environment(OMPI_ALLOW_RUN_AS_ROOT="1",
+                                      OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1")
+    argv.append(repr(time.time()))  # the clock at the start, for the ranks' "since start"
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
     records = [json.loads(line[len("startup "):]) for line in proc.stdout.splitlines()
                if line.startswith("startup ")]
@@ -131,10 +123,11 @@ def run(argv=None):
     return results
 
 
-def child(kind, tokens, heads, head_dim, dtype_name, sharing="shared"):
-    """One rank of a fresh start: build ``kind``, make its first call, print rank 0's
-    times as ``startup {json}``; ``sharing``: ``"alone"`` to compile without the
-    node's other ranks."""
+def child(kind, tokens, heads, head_dim, dtype_name, sharing, folder, spawned):
+    """One rank of a fresh start: build ``kind`` with the kernel cache in ``folder``,
+    make its first call, print rank 0's times as ``startup {json}``; ``sharing``:
+    ``"alone"`` to compile without the node's other ranks; ``spawned``: the clock
+    (``time.time()``) when the parent started the ranks."""
     began = time.perf_counter()
     import numpy as np
 
@@ -145,6 +138,7 @@ def child(kind, tokens, heads, head_dim, dtype_name, sharing="shared"):
     from .kernels import _cache
 
     share_compiles(sharing != "alone")
+    _cache.set_cache_dir(folder)
 
     mpi = MPI.COMM_WORLD
     imported = time.perf_counter()
@@ -173,7 +167,6 @@ def child(kind, tokens, heads, head_dim, dtype_name, sharing="shared"):
         plan.close()
     done = time.perf_counter()
     counts = _cache.stats()
-    spawned = float(os.environ.get(_STARTED, "nan"))
     record = dict(since_start=time.time() - spawned, import_=imported - began,
                   plan=planned - imported, first_call=done - planned, **counts)
     record["import"] = record.pop("import_")
@@ -188,6 +181,6 @@ def child(kind, tokens, heads, head_dim, dtype_name, sharing="shared"):
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6],
-              sys.argv[7])
+              sys.argv[7], sys.argv[8], float(sys.argv[9]))
     else:
         run()

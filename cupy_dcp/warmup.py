@@ -17,7 +17,6 @@ line per kernel and a summary; exits 1 if the cache is off.
 """
 
 import argparse
-import os
 import sys
 import time
 
@@ -91,10 +90,12 @@ def _current_capability():
 
 def main(argv=None):
     args = parse(sys.argv[1:] if argv is None else argv)
-    if args.cc is not None:
-        # the wrappers then compile nothing themselves: the PTX is made below
-        os.environ["CUPY_DCP_LAUNCHER"] = "numba"
     from .kernels import _cache
+
+    if args.cc is not None:
+        from .kernels._launch import choose_launcher
+
+        choose_launcher("numba")  # the wrappers then compile nothing: the PTX is made below
 
     folder = _cache.cache_dir()
     if folder is None:

@@ -8,9 +8,10 @@ function, Numba's own serialised compile result (:func:`cached_njit`).
 Where: the folder :func:`cache_dir` names, by default
 ``$XDG_CACHE_HOME/cupy_dcp`` (else ``~/.cache/cupy_dcp``).
 ``CUPY_DCP_CACHE_DIR=path`` moves it; ``CUPY_DCP_CACHE=0``, or
-``CUPY_DCP_CACHE_DIR`` set to the empty string, turns the cache off.
-:func:`set_cache_dir` overrides both for the process (``None``: off). The
-environment is read once, by :func:`_from_environment`, on first use.
+``CUPY_DCP_CACHE_DIR`` set to the empty string, turns the cache off
+(``cupy_dcp._settings.kernel_cache_dir`` reads them, once, on first use:
+this package reads no environment). :func:`set_cache_dir` overrides them for
+the process (``None``: off).
 
 The key of an entry is everything that changes the machine code: the
 kernel's code and specialisation (:func:`code_fingerprint`: the Python
@@ -49,10 +50,8 @@ import threading
 import types as pytypes
 import warnings
 
-import numpy as np
-
 __all__ = ["CacheWarning", "cache_dir", "cached_njit", "code_fingerprint", "cuda_image",
-           "cuda_ptx", "reset_stats", "set_cache_dir", "stats"]
+           "cuda_ptx", "reset_stats", "set_cache_dir", "stats", "use_default"]
 
 _FORMAT = 1  # of an entry file; part of every key
 _MAGIC = b"cupy_dcp kernel cache\n"
@@ -66,21 +65,18 @@ class CacheWarning(UserWarning):
 
 
 _UNSET = object()
-_state = {"dir": _UNSET, "writable": True}
+_state = {"dir": _UNSET, "writable": True, "default": None}
 _lock = threading.Lock()
 _counts = {"compiled": 0, "loaded": 0, "stored": 0, "rebuilt": 0, "uncacheable": 0}
 _warned = set()
 
 
-def _from_environment(env=os.environ):
-    """The cache folder that the environment asks for, or ``None`` for none."""
-    if env.get("CUPY_DCP_CACHE", "1") == "0":
-        return None
-    path = env.get("CUPY_DCP_CACHE_DIR")
-    if path is not None:
-        return path or None
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "cupy_dcp")
+def use_default(provider):
+    """Take the folder from ``provider()`` (a path, or ``None`` for no cache) on first
+    use, unless :func:`set_cache_dir` names one; without a provider there is no
+    cache. (cupy_dcp gives its settings' ``kernel_cache_dir``.)"""
+    with _lock:
+        _state["default"] = provider
 
 
 def set_cache_dir(path):
@@ -94,7 +90,8 @@ def cache_dir():
     """The cache folder in use (a ``pathlib.Path``), or ``None`` when caching is off."""
     with _lock:
         if _state["dir"] is _UNSET:
-            path = _from_environment()
+            provider = _state["default"]
+            path = None if provider is None else provider()
             _state["dir"] = None if path is None else pathlib.Path(path)
         return _state["dir"]
 
@@ -145,6 +142,9 @@ class _Fingerprint:
     """Feeds a stable description of values to ``write`` (bytes), recursively."""
 
     def __init__(self, write):
+        import numpy
+
+        self._np = numpy
         self._write = write
         self._seen = {}
 
@@ -154,6 +154,7 @@ class _Fingerprint:
             self._write(len(text).to_bytes(8, "little") + text)
 
     def value(self, v):
+        np = self._np
         if v is None or isinstance(v, (bool, int, float, complex, str, bytes)):
             self._put("const", type(v).__name__, repr(v))
         elif isinstance(v, (np.generic, np.ndarray)):
@@ -244,8 +245,9 @@ def _sources_digest():
 @functools.cache
 def _versions():
     import numba
+    import numpy
 
-    found = {"python": sys.version, "numpy": np.__version__, "numba": numba.__version__}
+    found = {"python": sys.version, "numpy": numpy.__version__, "numba": numba.__version__}
     try:
         from importlib.metadata import PackageNotFoundError, version
         for dist in ("numba-cuda", "cupy_dcp"):

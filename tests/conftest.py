@@ -26,7 +26,8 @@ def kernel_cache_dir(tmp_path_factory):
     environment is kept."""
     if "CUPY_DCP_CACHE_DIR" not in os.environ and os.environ.get("CUPY_DCP_CACHE") != "0":
         os.environ["CUPY_DCP_CACHE_DIR"] = str(tmp_path_factory.mktemp("kernel-cache"))
+    from cupy_dcp import _settings
     from cupy_dcp.kernels import _cache
 
-    _cache.set_cache_dir(_cache._from_environment())
+    _cache.set_cache_dir(_settings.kernel_cache_dir())
     return _cache.cache_dir()

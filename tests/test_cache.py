@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from _helpers import mpiexec_env
 
+from cupy_dcp import _settings
 from cupy_dcp.kernels import _cache
 
 HERE = Path(__file__).resolve().parent
@@ -120,12 +121,12 @@ def test_caching_turned_off_writes_nothing(tmp_path):
 
 
 def test_where_the_environment_puts_it():
-    assert _cache._from_environment({"CUPY_DCP_CACHE_DIR": "/x/y"}) == "/x/y"
-    assert _cache._from_environment({"CUPY_DCP_CACHE_DIR": ""}) is None
-    assert _cache._from_environment({"CUPY_DCP_CACHE": "0", "CUPY_DCP_CACHE_DIR": "/x"}) is None
-    assert _cache._from_environment({"XDG_CACHE_HOME": "/c"}) == os.path.join("/c", "cupy_dcp")
-    home = _cache._from_environment({})
-    assert home == os.path.join(os.path.expanduser("~"), ".cache", "cupy_dcp")
+    folder = _settings.kernel_cache_dir
+    assert folder({"CUPY_DCP_CACHE_DIR": "/x/y"}) == "/x/y"
+    assert folder({"CUPY_DCP_CACHE_DIR": ""}) is None
+    assert folder({"CUPY_DCP_CACHE": "0", "CUPY_DCP_CACHE_DIR": "/x"}) is None
+    assert folder({"XDG_CACHE_HOME": "/c"}) == os.path.join("/c", "cupy_dcp")
+    assert folder({}) == os.path.join(os.path.expanduser("~"), ".cache", "cupy_dcp")
 
 
 @pytest.fixture
@@ -226,8 +227,9 @@ def _toolchain_problem():
 
 
 PTX_FILL = """
-import json, os, sys
-os.environ["CUPY_DCP_LAUNCHER"] = "numba"  # the wrappers compile nothing themselves
+import json, sys
+from cupy_dcp.kernels._launch import choose_launcher
+choose_launcher("numba")  # the wrappers compile nothing themselves
 import numpy as np
 from cupy_dcp.kernels import _cache, pack
 kernel = pack.pack_kernel(np.dtype(np.uint32), int(sys.argv[1]))

@@ -17,10 +17,12 @@ BF16 = as_dtype("bfloat16")
 WIDTH = 512 + 2  # D = 512 and the LSE's two 16-bit lanes
 
 
-def paths_taken(n, max_tokens, hn, width, itemsize, ll_blocks, line_blocks, lines=True):
+def paths_taken(n, max_tokens, hn, width, itemsize, ll_blocks, line_blocks, protocols):
     """The paths of every call of 1..max_tokens tokens, one by one (the plan's layout)."""
-    rows = line_rows(n, max_tokens, hn, width, itemsize, line_blocks) if lines else 0
-    layout = window_layout(n, max_tokens, hn, width, itemsize, line_rows=rows)
+    rows = line_rows(n, max_tokens, hn, width, itemsize, line_blocks) \
+        if "lines" in protocols else 0
+    layout = window_layout(n, max_tokens, hn, width, itemsize,
+                           rows=None if "words" in protocols else 0, line_rows=rows)
     taken = set()
     for tokens in range(1, max_tokens + 1):
         push = region_grid(n, tokens * hn, layout.ll_shape, layout.line_shape, 7, ll_blocks,
@@ -32,7 +34,10 @@ def paths_taken(n, max_tokens, hn, width, itemsize, ll_blocks, line_blocks, line
 def test_a_small_plan_needs_no_tiles():
     assert direct_paths(2, 4, 64, WIDTH, 2, None, 132, 132) == {"words"}
     assert direct_paths(2, 8, 64, WIDTH, 2, None, 132, 132) == {"words", "lines"}
-    assert direct_paths(2, 8, 64, WIDTH, 2, None, 132, 132, lines=False) == {"words", "tiles"}
+    assert direct_paths(2, 8, 64, WIDTH, 2, None, 132, 132, ("tiles", "words")) == \
+        {"words", "tiles"}
+    assert direct_paths(2, 8, 64, WIDTH, 2, None, 132, 132, ("tiles", "lines")) == \
+        {"lines"}  # without words, lines take every call
 
 
 def test_a_large_plan_or_few_blocks_needs_tiles():
@@ -44,15 +49,18 @@ def test_a_large_plan_or_few_blocks_needs_tiles():
 def test_paths_match_every_call():
     for n, max_tokens, hn, blocks in ((2, 16, 64, 132), (4, 40, 8, 20), (8, 3, 128, 66),
                                       (3, 100, 1, 5)):
-        for lines in (True, False):
-            want = paths_taken(n, max_tokens, hn, WIDTH, 2, blocks, blocks, lines)
+        for protocols in (PATHS, ("tiles", "words"), ("tiles", "lines"), ("tiles",)):
+            want = paths_taken(n, max_tokens, hn, WIDTH, 2, blocks, blocks, protocols)
             assert direct_paths(n, max_tokens, hn, WIDTH, 2, None, blocks, blocks,
-                                lines) == want, (n, max_tokens, hn, blocks, lines)
+                                protocols) == want, (n, max_tokens, hn, blocks, protocols)
 
 
 def test_unknown_blocks_count_every_reachable_path():
     assert direct_paths(2, 64, 64, WIDTH, 2, None, None, None) == set(PATHS)
-    assert direct_paths(2, 64, 64, WIDTH, 2, None, None, None, lines=False) == {"words", "tiles"}
+    assert direct_paths(2, 64, 64, WIDTH, 2, None, None, None, ("tiles", "words")) == \
+        {"words", "tiles"}
+    assert direct_paths(2, 64, 64, WIDTH, 2, None, None, None, ("tiles", "lines")) == \
+        {"lines", "tiles"}
     assert "words" not in direct_paths(2, 4, 300, WIDTH, 2, None, None, None)  # 300 rows > 256
 
 
@@ -64,8 +72,8 @@ def test_a2a_variants():
 
 
 CALL_KERNELS = """
-import os
-os.environ["CUPY_DCP_LAUNCHER"] = "numba"  # building a wrapper compiles nothing
+from cupy_dcp.kernels._launch import choose_launcher
+choose_launcher("numba")  # building a wrapper compiles nothing
 import numpy as np
 from cupy_dcp._compile import PATHS, direct_tasks
 from cupy_dcp.kernels.direct import call_kernels
