@@ -1,7 +1,8 @@
 """Start-up times: ``python -m cupy_dcp.bench --startup [--ranks 2] [--kinds ...]``.
 
-For each plan kind it starts fresh processes (``mpiexec -n RANKS``, the
-ranks sharing this machine's GPU where it has one) twice: first on an empty
+For each plan kind it starts fresh processes (``mpiexec -n RANKS``; the
+direct plan's ranks may share a GPU, the NCCL plans get no more ranks than
+GPUs) twice: first on an empty
 kernel cache (cold), then on what that run left (warm), and prints the
 seconds from the start of the processes to the kind's first result (rank 0's
 ``since start``: interpreter, MPI and imports included), and how they split
@@ -52,13 +53,19 @@ def parse(argv):
     return args
 
 
-def _has_gpu():
+def _gpu_count():
     try:
         import cupy
 
-        return cupy.cuda.runtime.getDeviceCount() > 0
+        return cupy.cuda.runtime.getDeviceCount()
     except Exception:
-        return False
+        return 0
+
+
+def ranks_of(kind, ranks, gpus):
+    """The ranks a start of ``kind`` gets: ``ranks``, but no more than the GPUs for the
+    NCCL plans (NCCL refuses two ranks of one GPU; the direct plan's may share)."""
+    return min(ranks, max(1, gpus)) if kind in ("a2a", "agrs") else ranks
 
 
 def _mpiexec():
@@ -66,18 +73,19 @@ def _mpiexec():
     return here if os.path.exists(here) else shutil.which("mpiexec")
 
 
-def measure(kind, args, folder):
-    """One fresh start of ``kind`` on the cache ``folder``: rank 0's record."""
+def measure(kind, args, folder, ranks):
+    """One fresh start of ``kind`` on ``ranks`` ranks and the cache ``folder``: rank
+    0's record."""
     from . import _settings
 
     argv = [sys.executable, "-m", "mpi4py", "-m", "cupy_dcp._startup", "--child", kind,
             str(args.tokens), str(args.heads), str(args.head_dim), args.dtype,
             "alone" if args.alone else "shared", str(folder)]
-    if args.ranks > 1:
+    if ranks > 1:
         mpiexec = _mpiexec()
         if mpiexec is None:
             raise RuntimeError("--ranks > 1 needs mpiexec (the 'mpi' extra)")
-        argv = [mpiexec, "--oversubscribe", "-n", str(args.ranks)] + argv
+        argv = [mpiexec, "--oversubscribe", "-n", str(ranks)] + argv
     env = _settings.spawn_environment(OMPI_ALLOW_RUN_AS_ROOT="1",
                                       OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1")
     argv.append(repr(time.time()))  # the clock at the start, for the ranks' "since start"
@@ -97,20 +105,22 @@ def run(argv=None):
     if MPI.COMM_WORLD.Get_size() > 1:
         raise RuntimeError("run `python -m cupy_dcp.bench --startup` without mpirun: it starts "
                            "its own ranks (--ranks)")
-    kinds = args.kinds or (["a2a", "direct"] if _has_gpu() else ["host"])
+    gpus = _gpu_count()
+    kinds = args.kinds or (["a2a", "direct"] if gpus else ["host"])
     results = []
-    print(f"start-up, {args.ranks} rank(s), B={args.tokens} H={args.heads} D={args.head_dim} "
+    print(f"start-up, B={args.tokens} H={args.heads} D={args.head_dim} "
           f"{args.dtype}: seconds from the processes' start to the first result", flush=True)
-    print(f"{'kind':8} {'cache':5} {'since start':>11} {'import':>7} {'plan':>7} "
+    print(f"{'kind':8} {'ranks':>5} {'cache':5} {'since start':>11} {'import':>7} {'plan':>7} "
           f"{'1st call':>8} {'compiled':>8} {'loaded':>6}", flush=True)
     for kind in kinds:
         folder = tempfile.mkdtemp(prefix="cupy-dcp-startup-")
         try:
+            ranks = ranks_of(kind, args.ranks, gpus)
             for cache in ("cold", "warm"):
-                r = measure(kind, args, folder)
-                r.update(kind=kind, cache=cache, ranks=args.ranks)
+                r = measure(kind, args, folder, ranks)
+                r.update(kind=kind, cache=cache, ranks=ranks)
                 results.append(r)
-                print(f"{kind:8} {cache:5} {r['since_start']:11.2f} {r['import']:7.2f} "
+                print(f"{kind:8} {ranks:5d} {cache:5} {r['since_start']:11.2f} {r['import']:7.2f} "
                       f"{r['plan']:7.2f} {r['first_call']:8.2f} {r['compiled']:8d} "
                       f"{r['loaded']:6d}", flush=True)
         finally:

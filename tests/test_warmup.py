@@ -65,4 +65,12 @@ def test_startup_of_the_host_path_cold_then_warm(tmp_path):
     for record in (cold, warm_run):
         steps = record["import"] + record["plan"] + record["first_call"]
         assert 0 < steps <= record["since_start"], record
-    assert "host     cold" in proc.stdout and "host     warm" in proc.stdout
+    assert "host         2 cold" in proc.stdout and "host         2 warm" in proc.stdout
+
+
+def test_startup_gives_nccl_plans_no_more_ranks_than_gpus():
+    from cupy_dcp._startup import ranks_of
+
+    assert ranks_of("a2a", 2, 1) == 1 and ranks_of("agrs", 4, 2) == 2
+    assert ranks_of("direct", 2, 1) == 2 and ranks_of("host", 4, 0) == 4
+    assert ranks_of("a2a", 2, 0) == 1
