@@ -62,8 +62,13 @@ def __getattr__(name):
     """The public names, each imported with its module when first used: importing
     the package loads neither Numba, nor CuPy, nor MPI."""
     home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if home is None:  # a submodule, as ``import`` would have bound it
+        try:
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
     value = getattr(importlib.import_module(f".{home}", __name__), name)
     globals()[name] = value
     return value
