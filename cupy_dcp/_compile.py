@@ -56,11 +56,11 @@ def agrs_tasks(dtype, num_heads, head_dim):
 def direct_tasks(dtype, n, bits, head_dim, dependent, path):
     """The direct kernels of one ``path`` (one of :data:`PATHS`), one task each: those
     of ``call_kernels`` (which builds them all at once), in its order."""
-    from .kernels.direct import direct_kernel
+    from .kernels.direct import Protocol, direct_kernel
 
     dtype, bits, D = np.dtype(dtype), np.dtype(bits), int(head_dim)
     words = np.dtype(np.uint32)
-    options = dict(word_by_word=path == "words", lines=path == "lines")
+    options = dict(protocol=Protocol(path))
     variants = [(bits, False, lanes_per_row(D), lanes_per_row(D))]
     if bits.itemsize == 2 and D % 2 == 0:  # 16-bit data as words, and bfloat16 in pairs
         variants.append((words, False, lanes_per_row(D // 2), lanes_per_row(D)))
@@ -79,7 +79,7 @@ def direct_paths(n, max_tokens, local_heads, width, itemsize, max_blocks, ll_max
     for these sizes and on these blocks (the fewest that every rank holds;
     ``None``: not known yet, so that a path's kernels are counted in wherever
     its region takes a row)."""
-    from .kernels.direct import LINES, WORDS, line_rows, region_grid, window_layout
+    from .kernels.direct import line_rows, region_grid, window_layout
 
     words, lines = "words" in protocols, "lines" in protocols
     unknown = None in (ll_max_blocks, line_max_blocks)
@@ -96,10 +96,8 @@ def direct_paths(n, max_tokens, local_heads, width, itemsize, max_blocks, ll_max
         return found
     found = set()
     for tokens in range(1, int(max_tokens) + 1):
-        push_blocks = region_grid(n, tokens * local_heads, layout.ll_shape, layout.line_shape,
-                                  max_blocks or 1, ll_max_blocks, line_max_blocks)[2]
-        found.add("words" if push_blocks == WORDS else "lines" if push_blocks == LINES
-                  else "tiles")
+        found.add(region_grid(n, tokens * local_heads, layout.ll_shape, layout.line_shape,
+                              max_blocks or 1, ll_max_blocks, line_max_blocks).protocol.value)
         if len(found) == len(PATHS):
             break
     return found

@@ -319,8 +319,8 @@ class DcpDirectPlan(_Plan):
             line_max_blocks=self._line_max_blocks))
 
     def _call_grid(self, tokens):
-        """``(tile_rows, blocks, push_blocks)`` of a call of ``tokens`` tokens, as its
-        launch cuts it (``push_blocks``: WORDS, LINES, or in tiles)."""
+        """The ``CallGrid`` (tile rows, blocks, pushing blocks, protocol) of a call of
+        ``tokens`` tokens, as its launch cuts it."""
         rank = self.comm.rank
         return region_grid(self.comm.world_size, tokens * self.local_heads, self._lls[rank].shape,
                            self._line_regions[rank].shape, self._max_blocks,

@@ -9,7 +9,7 @@ import numpy as np
 from _helpers import mpiexec_env
 
 from cupy_dcp._compile import PATHS, a2a_tasks, build_shared, direct_paths
-from cupy_dcp.kernels.direct import LINES, WORDS, line_rows, region_grid, window_layout
+from cupy_dcp.kernels.direct import line_rows, region_grid, window_layout
 from cupy_dcp.layout import as_dtype
 
 HERE = Path(__file__).resolve().parent
@@ -25,9 +25,8 @@ def paths_taken(n, max_tokens, hn, width, itemsize, ll_blocks, line_blocks, prot
                            rows=None if "words" in protocols else 0, line_rows=rows)
     taken = set()
     for tokens in range(1, max_tokens + 1):
-        push = region_grid(n, tokens * hn, layout.ll_shape, layout.line_shape, 7, ll_blocks,
-                           line_blocks)[2]
-        taken.add("words" if push == WORDS else "lines" if push == LINES else "tiles")
+        taken.add(region_grid(n, tokens * hn, layout.ll_shape, layout.line_shape, 7, ll_blocks,
+                              line_blocks).protocol.value)
     return taken
 
 
@@ -76,7 +75,7 @@ from cupy_dcp.kernels._launch import choose_launcher
 choose_launcher("numba")  # building a wrapper compiles nothing
 import numpy as np
 from cupy_dcp._compile import PATHS, direct_tasks
-from cupy_dcp.kernels.direct import call_kernels
+from cupy_dcp.kernels.direct import Protocol, call_kernels
 from cupy_dcp.layout import as_dtype
 checked = 0
 for dtype, bits, d in (("bfloat16", np.uint16, 512), ("float16", np.uint16, 72),
@@ -85,10 +84,12 @@ for dtype, bits, d in (("bfloat16", np.uint16, 512), ("float16", np.uint16, 72),
         for path in PATHS:
             for dependent in (False, True):
                 want = call_kernels(as_dtype(dtype), n, np.dtype(bits), d, dependent,
-                                    path == "words", path == "lines")
+                                    Protocol(path))
                 got = [task() for task in direct_tasks(as_dtype(dtype), n, bits, d, dependent,
                                                        path)]
-                assert got == want, (dtype, d, n, path, dependent)
+                assert [(k._dispatcher, k.argtypes, k.dependent) for k in got] == \
+                    [(k._dispatcher, k.argtypes, k.dependent) for k in want], \
+                    (dtype, d, n, path, dependent)
                 checked += 1
 print("checked", checked)
 """
