@@ -450,11 +450,10 @@ def _plan_settings(world_size, max_tokens, num_heads, head_dim, dtype, return_ls
         lse_pack_dim(dtype)
     except (TypeError, ValueError):
         raise TypeError(f"dtype must be float16, bfloat16 or float32 (got {dtype!r})") from None
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1 (got {max_tokens})")
-    if head_dim < 1:
-        raise ValueError(f"head_dim must be >= 1 (got {head_dim})")
-    check_heads(num_heads, world_size)
+    _checks.check_count(max_tokens, "max_tokens", 1)
+    _checks.check_count(head_dim, "head_dim", 1)
+    check_heads(_checks.check_count(num_heads, "num_heads", 1), world_size)
+    _checks.check_flag(is_lse_base_on_e, "is_lse_base_on_e")
     return dict(world_size=world_size, max_tokens=int(max_tokens), num_heads=int(num_heads),
                 head_dim=int(head_dim), dtype=dtype, return_lse=bool(return_lse),
                 is_lse_base_on_e=bool(is_lse_base_on_e), strategy=strategy,
