@@ -21,17 +21,21 @@ __all__ = ["DTYPES", "KERNELS", "SHAPES", "add_kernel_args", "check_kernel_args"
            "write_rows"]
 
 
+def _names(text, allowed, label):
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in names if t not in allowed]
+    if not names or bad:
+        raise ValueError(f"{label} must be a comma list of {', '.join(allowed)} (got {text!r})")
+    return names
+
+
 def dtype_list(text):
     """``"bfloat16,float32"`` as ``["bfloat16", "float32"]``, each one of :data:`DTYPES`.
 
     Raises:
         ValueError: an empty list, or a name not in :data:`DTYPES`.
     """
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [t for t in names if t not in DTYPES]
-    if not names or bad:
-        raise ValueError(f"dtype must be a comma list of {', '.join(DTYPES)} (got {text!r})")
-    return names
+    return _names(text, DTYPES, "dtype")
 
 
 def kernel_list(text):
@@ -40,11 +44,7 @@ def kernel_list(text):
     Raises:
         ValueError: an empty list, or a name not in :data:`KERNELS`.
     """
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [t for t in names if t not in KERNELS]
-    if not names or bad:
-        raise ValueError(f"only must be a comma list of {', '.join(KERNELS)} (got {text!r})")
-    return names
+    return _names(text, KERNELS, "only")
 
 
 def parse_shapes(text):
