@@ -34,6 +34,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from ._kernel_table import add_kernel_args, check_kernel_args
 from .comm import Communicator
 from .layout import as_dtype, bits_dtype, send_buffer_shape
 
@@ -48,7 +49,8 @@ def parse_args(argv=None):
     p.add_argument("--tokens", type=ints, default=[1, 8, 32, 128, 512, 2048])
     p.add_argument("--heads", type=int, default=128)
     p.add_argument("--head-dim", type=int, default=512)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--dtype", default="bfloat16",
+                   help="bfloat16, float16 or float32 (--kernels: a comma list of them)")
     p.add_argument("--mode", default="graph,eager", help="graph, eager or both (comma-separated)")
     p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
                    help=f"comma-separated, of {', '.join(STRATEGIES)}")
@@ -61,7 +63,13 @@ def parse_args(argv=None):
     p.add_argument("--profile", type=int, default=0, metavar="K",
                    help="after each eager timing, profile K more calls on rank 0 (host time, "
                         "cProfile) and print the top functions")
-    return p.parse_args(argv)
+    add_kernel_args(p)
+    args = p.parse_args(argv)
+    try:
+        check_kernel_args(args)
+    except ValueError as exc:
+        p.error(str(exc))
+    return args
 
 
 def _say(comm, *args):
@@ -390,6 +398,11 @@ def run(args):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if "--startup" in argv:  # fresh processes of their own: see cupy_dcp._startup
+        from ._startup import run as run_startup
+        run_startup(argv)
+        return
     args = parse_args(argv)
     if args.kernels:
         from ._kernel_bench import run_kernels

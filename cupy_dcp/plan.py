@@ -20,18 +20,17 @@ import functools
 import numpy as np
 
 from . import _checks, _settings
+from ._compile import a2a_tasks, agrs_tasks, build_shared
 from ._divergence import A2A_CODE, MappedWords, divergence_message
 from .kernels import _trailer
 from .comm import _cupy_problem, as_communicator
-from .layout import BFLOAT16, as_dtype, bits_dtype, c_strides, check_heads, lse_pack_dim
+from .layout import as_dtype, bits_dtype, c_strides, check_heads, lse_pack_dim
 from .kernels._arrays import (as_cupy, cupy_stream, dummy_index, kernel_array, pointer_device,
                                stream_ptr)
 from .kernels._launch import DeviceArray, choose_launcher
-from .kernels._rows import lanes_per_row
-from .kernels.agrs import (correct_kernel, correct_launch, finish_kernel, finish_launch,
-                           mask_kernel, mask_launch)
-from .kernels.combine import combine_kernel, combine_codec, combine_launch
-from .kernels.pack import pack_kernel, pack_launch
+from .kernels.agrs import correct_launch, finish_launch, mask_launch
+from .kernels.combine import combine_codec, combine_launch
+from .kernels.pack import pack_launch
 
 __all__ = ["DcpA2APlan", "DcpAgRsPlan"]
 
@@ -381,13 +380,7 @@ class DcpA2APlan(_Plan):
                         kernel_array(self._state, np.int64, "state"))
 
     def _warm_up(self, settings, device):
-        D = self.head_dim
-        pack_kernel(self.bits, lanes_per_row(D))
-        combine_kernel(self.dtype, False, lanes_per_row(D))
-        if self.bits.itemsize == 2 and D % 2 == 0:  # the word-wide variants
-            pack_kernel(np.dtype(np.uint32), lanes_per_row(D // 2))
-            if self.dtype == BFLOAT16:
-                combine_kernel(self.dtype, True, lanes_per_row(D // 2))
+        build_shared(self.comm.mpi_comm, a2a_tasks(self.dtype, self.head_dim))
 
     def _buffers(self, tokens):
         """Send and receive views for ``tokens`` tokens, built once per size."""
@@ -464,10 +457,7 @@ class DcpAgRsPlan(_Plan):
         self._summed = cupy.empty(T * self.local_heads * self.head_dim, cupy.float32)
 
     def _warm_up(self, settings, device):
-        group = lanes_per_row(self.head_dim)
-        correct_kernel(self.dtype, group)
-        finish_kernel(self.dtype, group)
-        mask_kernel(lanes_per_row(self.num_heads, 1))
+        build_shared(self.comm.mpi_comm, agrs_tasks(self.dtype, self.num_heads, self.head_dim))
 
     def _buffers(self, tokens):
         views = self._views.get(tokens)
