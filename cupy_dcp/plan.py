@@ -413,7 +413,7 @@ class DcpA2APlan(_Plan):
         once: the record is cleared. A call enqueued but not yet run is not seen."""
         if self._closed:
             raise RuntimeError(f"this {type(self).__name__} is closed")
-        if self.comm.world_size == 1:
+        if self.comm.world_size == 1 or not self._status.words.any():  # the usual case, fast
             return
         message = divergence_message(type(self).__name__, self._status.words)
         if message is not None:
