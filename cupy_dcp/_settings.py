@@ -108,12 +108,20 @@ def kernel_cache_dir(env=os.environ):
     return os.path.join(base, "cupy_dcp")
 
 
+# Variables an MPI launcher sets for the job it starts (ranks, its server's contact):
+# a job of our own must not inherit them. A user's own MCA settings (OMPI_MCA_plm_...,
+# say, where there is no ssh) it keeps.
+_JOB_VARIABLES = ("PMIX_", "PMI_", "OMPI_COMM_WORLD", "OMPI_UNIVERSE", "OMPI_MCA_ess",
+                  "OMPI_MCA_orte", "OMPI_MCA_pmix", "OMPI_MCA_initial_wdir", "OMPI_FILE_LOCATION",
+                  "OMPI_APP_CTX", "OMPI_NUM_APP_CTX", "OMPI_FIRST_RANKS", "OMPI_ARGV",
+                  "OMPI_COMMAND")
+
+
 def spawn_environment(**extra):
     """The environment of processes that cupy_dcp starts itself (``bench
-    --startup``'s ranks): this process's, less its MPI runtime's own variables
-    (they start an MPI job of their own), less ``CUPY_DCP_CACHE``, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_", "PMIX_", "PMI_")) or k.startswith("OMPI_ALLOW_RUN")}
+    --startup``'s ranks): this process's, less the variables an MPI launcher sets
+    for its job (they would join ours to it), less ``CUPY_DCP_CACHE``, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_JOB_VARIABLES)}
     env.pop("CUPY_DCP_CACHE", None)
     env.update(extra)
     return env

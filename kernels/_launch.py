@@ -341,15 +341,25 @@ class _DriverLaunch:
 def _resident_blocks(cubin, name, block):
     """:meth:`SpecializedKernel.resident_blocks` of a kernel loaded from ``cubin`` (by
     the driver's occupancy calculator, as Numba's ``max_cooperative_grid_blocks``)."""
-    ctx = cuda.current_context()
-    module = ctx.create_module_image(cubin)
+    cuda.current_context()  # the device's primary context, current: Numba's and CuPy's
+    driver = _driver()
+    threads = int(np.prod(block)) if isinstance(block, tuple) else int(block)
+    err, module = driver.cuModuleLoadData(bytes(cubin))
+    _check(driver, err, "cuModuleLoadData")
     try:
-        function = module.get_function(name)
-        threads = int(np.prod(block)) if isinstance(block, tuple) else int(block)
-        per_sm = ctx.get_active_blocks_per_multiprocessor(function, threads, 0)
+        err, function = driver.cuModuleGetFunction(
+            module, name.encode() if isinstance(name, str) else name)
+        _check(driver, err, "cuModuleGetFunction")
+        err, per_sm = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(function, threads, 0)
+        _check(driver, err, "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        err, device = driver.cuCtxGetDevice()
+        _check(driver, err, "cuCtxGetDevice")
+        err, sms = driver.cuDeviceGetAttribute(
+            driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device)
+        _check(driver, err, "cuDeviceGetAttribute")
     finally:
-        ctx.unload_module(module)
-    return per_sm * ctx.device.MULTIPROCESSOR_COUNT
+        driver.cuModuleUnload(module)
+    return int(per_sm) * int(sms)
 
 
 def _dims(grid, block):

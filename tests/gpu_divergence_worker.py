@@ -64,7 +64,11 @@ def still_works(comm, plan, dtype):
     want, want_lse = cupy_dcp.dcp_a2a_lse_reduce(x, lse, comm, return_lse=True)
     bits = np.uint16 if np.dtype(dtype).itemsize == 2 else np.uint32
     assert np.array_equal(cupy.asnumpy(got).view(bits), want.view(bits)), f"rank {RANK}"
-    assert np.array_equal(cupy.asnumpy(got_lse), want_lse), f"rank {RANK}"
+    # the global LSE: the device's exp2/log2 against the host's, within 16 float32 ulps
+    got_lse = cupy.asnumpy(got_lse)
+    finite = np.isfinite(want_lse)
+    assert np.array_equal(got_lse[~finite], want_lse[~finite]), f"rank {RANK}"
+    np.testing.assert_array_max_ulp(got_lse[finite], want_lse[finite], maxulp=16)
 
 
 def fresh():
