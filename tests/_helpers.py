@@ -1,6 +1,6 @@
 """Shared test helpers: tolerances against the float64 oracle, row masks, mpiexec.
 
-Imported by the pytest modules and by ``mpi_reduce_worker.py`` (which runs
+Imported by the pytest modules and by ``host_reduce_worker.py`` (which runs
 outside pytest, so nothing here imports pytest).
 """
 

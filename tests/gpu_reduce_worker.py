@@ -24,7 +24,7 @@ from mpi4py import MPI
 import cupy_dcp
 from cupy_dcp.kernels._arrays import kernel_array, pointer_device
 from _helpers import assert_lse_close, run_or_abort, ulp
-from mpi_reduce_worker import B, DTYPES, HN, QUERY_START_LOC, gathered, rank_inputs, seq_lens_of
+from host_reduce_worker import B, DTYPES, HN, QUERY_START_LOC, gathered, rank_inputs, seq_lens_of
 
 
 def expected(world, x, lse, base_e, masked):

@@ -1,6 +1,6 @@
 """The CUDA kernels under the Numba CUDA simulator (NUMBA_ENABLE_CUDASIM=1).
 
-Collected only in a process started with that variable: ``tests/test_cudasim.py``
+Collected only in a process started with that variable: ``tests/test_simulator.py``
 runs this file so; the ordinary suite ignores it (see ``tests/conftest.py``).
 """
 

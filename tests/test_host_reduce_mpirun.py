@@ -1,4 +1,4 @@
-"""dcp_a2a_lse_reduce across real ranks: ``mpiexec -n K python tests/mpi_reduce_worker.py``."""
+"""dcp_a2a_lse_reduce across real ranks: ``mpiexec -n K python tests/host_reduce_worker.py``."""
 
 import os
 import sys
@@ -7,7 +7,7 @@ import pytest
 
 from _helpers import mpiexec_env, run_bounded
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_reduce_worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "host_reduce_worker.py")
 TIMEOUT_S = 240
 
 

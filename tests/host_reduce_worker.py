@@ -1,6 +1,6 @@
 """Multi-rank check of dcp_a2a_lse_reduce against an all-gather of every rank's inputs.
 
-Run: mpiexec -n 4 python tests/mpi_reduce_worker.py [a2a|ag_rs]
+Run: mpiexec -n 4 python tests/host_reduce_worker.py [a2a|ag_rs]
 
 The optional argument picks the strategy: ``dcp_a2a_lse_reduce`` (default) or
 ``dcp_ag_rs_lse_reduce``.

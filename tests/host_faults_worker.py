@@ -1,6 +1,6 @@
 """Divergent ranks and stuck exchanges on the host path: errors on every rank, no hang.
 
-Run: mpiexec -n 2 python tests/mpi_reliability_worker.py SCENARIO
+Run: mpiexec -n 2 python tests/host_faults_worker.py SCENARIO
 
 - ``diverge``: rank 1 calls with one more token; with ``check_consistency``
   every rank raises the same ValueError naming the field and the rank.

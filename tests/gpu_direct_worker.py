@@ -1,6 +1,6 @@
 """Multi-rank GPU checks of DcpDirectPlan (CUDA IPC windows, no NCCL).
 
-Run: mpirun -n 2 python tests/direct_worker.py MODE [COUNT]
+Run: mpirun -n 2 python tests/gpu_direct_worker.py MODE [COUNT]
 
 Ranks may share one GPU (IPC works within a device) or each have their own.
 
@@ -31,7 +31,7 @@ from mpi4py import MPI
 import cupy_dcp
 from _helpers import run_or_abort
 from gpu_reduce_worker import call_kwargs, check_rank_result, expected, host
-from mpi_reduce_worker import B, DTYPES, HN, rank_inputs
+from host_reduce_worker import B, DTYPES, HN, rank_inputs
 
 
 def exact(world, comm):

@@ -1,4 +1,4 @@
-"""Soak of the host path: ``mpiexec -n 2 python tests/soak_host_worker.py`` for a bounded time.
+"""Soak of the host path: ``mpiexec -n 2 python tests/host_soak_worker.py`` for a bounded time.
 
 ``CUPY_DCP_SOAK_SECONDS`` (default 45) sets how long the worker keeps calling
 ``dcp_a2a_lse_reduce``; it checks results, resident memory and open file
@@ -13,7 +13,7 @@ import pytest
 
 from _helpers import mpiexec_env, run_bounded
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "soak_host_worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "host_soak_worker.py")
 NPROCS = 2
 
 

@@ -1,6 +1,6 @@
 """Soak of the host path: dcp_a2a_lse_reduce on NumPy arrays, over and over.
 
-Run: mpiexec -n 2 python tests/soak_host_worker.py
+Run: mpiexec -n 2 python tests/host_soak_worker.py
 
 Every rank calls ``dcp_a2a_lse_reduce`` with new inputs on every call (small
 shapes: B=4, H=4*N, D=64), cycling through the dtypes, both LSE bases,

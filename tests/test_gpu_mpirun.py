@@ -65,7 +65,7 @@ RACE_CALLS = 10_000
 
 @requires_gpu
 def test_direct_plan_exact():
-    out = run_job(2, str(HERE / "direct_worker.py"), "exact")
+    out = run_job(2, str(HERE / "gpu_direct_worker.py"), "exact")
     assert "direct exact OK" in out, out[-3000:]
 
 
@@ -73,13 +73,13 @@ def test_direct_plan_exact():
 def test_direct_plan_exact_on_four_ranks():
     """Four ranks (sharing the GPUs there are): every rank skips itself among three
     peers, and the combine pairs an odd number of shards."""
-    out = run_job(4, str(HERE / "direct_worker.py"), "exact")
+    out = run_job(4, str(HERE / "gpu_direct_worker.py"), "exact")
     assert "direct exact OK" in out and "on 4 ranks" in out, out[-3000:]
 
 
 @requires_gpu
 def test_direct_plan_race_eager_and_graph():
-    out = run_job(2, str(HERE / "direct_worker.py"), "race", str(RACE_CALLS))
+    out = run_job(2, str(HERE / "gpu_direct_worker.py"), "race", str(RACE_CALLS))
     # two ranks, each a call size word by word, one in lines and one in tiles
     assert out.count("direct race OK (B=") == 6, out[-3000:]
     for path in ("word by word", "in lines", "in tiles"):
@@ -92,14 +92,14 @@ def test_direct_plan_race_eager_and_graph():
 
 @requires_gpu
 def test_direct_plan_missing_peer_times_out():
-    out = run_job(2, str(HERE / "direct_worker.py"), "timeout")
+    out = run_job(2, str(HERE / "gpu_direct_worker.py"), "timeout")
     assert "rank 0 direct timeout OK" in out and "rank 1 direct timeout OK" in out, out[-3000:]
     print(out)
 
 
 @requires_gpu
 def test_direct_plans_open_and_close_without_leaks():
-    out = run_job(2, str(HERE / "direct_worker.py"), "leak", "1000")
+    out = run_job(2, str(HERE / "gpu_direct_worker.py"), "leak", "1000")
     assert out.count("direct leak OK: 1000 plans") == 2, out[-3000:]
     print(out)
 
