@@ -9,7 +9,8 @@ Run: mpiexec -n 2 python tests/host_faults_worker.py SCENARIO
 - ``timeout``: rank 1 is late by 3 s; rank 0's exchange, bounded at 1 s, raises
   RuntimeError in time (rank 1 then joins, so the job ends cleanly).
 
-Each rank prints ``rank {r} {scenario} OK: ...``; anything else aborts the job.
+Each rank reports its scenario and the message it checked (``run_worker``); anything
+else aborts the job.
 """
 
 import sys
@@ -19,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 import cupy_dcp
-from _helpers import run_or_abort
+from _helpers import run_worker
 
 
 def inputs(tokens, heads=4, head_dim=8):
@@ -71,8 +72,8 @@ def main(scenario):
     else:
         raise ValueError(f"unknown scenario {scenario!r}")
     world.Barrier()
-    print(f"rank {rank} {scenario} OK: {msg}", flush=True)
+    return {"scenario": scenario, "message": msg}
 
 
 if __name__ == "__main__":
-    run_or_abort(main, sys.argv[1])
+    run_worker(main, sys.argv[1])
