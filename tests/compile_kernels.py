@@ -1,6 +1,7 @@
 """Compile every CUDA kernel of cupy_dcp to PTX, without a GPU.
 
-Run: python tests/compile_kernels.py [MAJOR MINOR]   (compute capability, 9 0 by default)
+Run: python tests/compile_kernels.py [MAJOR MINOR] [--check-fingerprints | --write-fingerprints]
+(compute capability, 9 0 by default)
 
 Numba types a kernel only when it compiles it, and CI has no GPU: a typing
 error in a kernel would reach main unseen. This compiles each kernel that the
@@ -12,19 +13,58 @@ It needs NVVM and NVRTC (``numba-cuda[cu12]`` or ``[cu13]``, or the
 driver; without them it exits with status 77. Prints a line per kernel: its
 name, the bits its pushes move, its PTX's size, its 16-byte stores, its
 8-byte loads of word pairs, and whether its first atomic add (a block's
-arrival) comes before its first push store of two words. Its own
-process: device functions are compiled for the capability given here, not for
-a GPU's.
+arrival) comes before its first push store of two words, and its PTX
+fingerprint. Its own process: device functions are compiled for the capability
+given here, not for a GPU's.
+
+The fingerprint proves that a refactor changed no kernel: a hash of the PTX with
+comments, source locations and Numba's environment declarations left out, and
+every mangled name (``_Z...``, which carries the module path and a unique id)
+replaced by its order of first appearance. ``--write-fingerprints`` records
+every kernel's fingerprint, with the toolchain that made it, in
+``ptx_fingerprints.json`` beside this file; ``--check-fingerprints`` compares
+against it and exits 1 naming the kernels whose PTX changed.
 """
 
+import hashlib
+import json
 import os
+import re
 import sys
+from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository: benchmarks/ holds the bare push
 
 MISSING = 77  # the exit status when NVVM or NVRTC cannot be found
 WIDE_STORES = (".v4.u32", ".v4.b32", ".v2.u64", ".v2.b64")  # 16 bytes a store
+FINGERPRINTS = Path(__file__).resolve().parent / "ptx_fingerprints.json"
+_MANGLED = re.compile(r"(?<![\w$])_Z[\w$]+")
+_SKIPPED = (".file", ".loc")
+
+
+def fingerprint(ptx):
+    """A hash of ``ptx`` that ignores where the kernels' Python code lives: see the
+    module docstring."""
+    kept = []
+    for line in ptx.splitlines():
+        line = line.strip()
+        if not line or line.startswith("//") or line.startswith(_SKIPPED):
+            continue
+        if line.startswith(".common .global") and "NumbaEnv" in line:
+            continue  # one per device function compiled, in compilation order; never read
+        kept.append(line)
+    names = {}
+    masked = _MANGLED.sub(lambda m: f"_Z{names.setdefault(m.group(0), len(names))}",
+                          "\n".join(kept))
+    return hashlib.sha256(masked.encode()).hexdigest()[:20]
+
+
+def toolchain(ptx):
+    """What made ``ptx``: the compiler release its header names and numba-cuda's version."""
+    release = re.search(r"^// Cuda compilation tools, (.*)$", ptx, re.M)
+    return {"nvvm": release.group(1).strip() if release else "unknown",
+            "numba-cuda": metadata.version("numba-cuda")}
 
 
 def kernels():
@@ -91,7 +131,7 @@ def toolchain_problem():
     return None
 
 
-def main(cc):
+def main(cc, mode=None):
     os.environ["CUPY_DCP_LAUNCHER"] = "numba"  # the kernels' wrappers then compile nothing
     problem = toolchain_problem()
     if problem:
@@ -104,7 +144,7 @@ def main(cc):
         compute_capability = cc
 
     numba.cuda.dispatcher.get_current_device = lambda: Device()
-    count = 0
+    count, prints, tools = 0, {}, None
     for name, dispatcher, argtypes in kernels():
         options = {k: v for k, v in dispatcher.targetoptions.items() if k == "launch_bounds"}
         ptx, _ = cuda.compile_ptx(dispatcher.py_func, argtypes, cc=cc, **options)
@@ -113,12 +153,44 @@ def main(cc):
         pair_loads = sum(line.lstrip().startswith("ld.") and ".v2.u32" in line
                          for line in ptx.splitlines())
         roundings = sum(line.lstrip().startswith("cvt.rn.bf16x2.f32") for line in ptx.splitlines())
+        prints[name] = fingerprint(ptx)
+        tools = tools or toolchain(ptx)
         print(f"{name}: {len(ptx)} bytes of PTX, {stores} 16-byte stores, "
               f"{pair_loads} 8-byte loads, {roundings} bf16x2 roundings, "
-              f"arrives first {arrives_first(ptx)}", flush=True)
+              f"fingerprint {prints[name]}, arrives first {arrives_first(ptx)}", flush=True)
         count += 1
     print(f"compiled {count} kernels for sm_{cc[0]}{cc[1]}", flush=True)
+    print(f"toolchain {json.dumps(tools, separators=(',', ':'))}", flush=True)
+    record = {"cc": f"{cc[0]}.{cc[1]}", "toolchain": tools, "kernels": prints}
+    if mode == "--write-fingerprints":
+        FINGERPRINTS.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {len(prints)} fingerprints to {FINGERPRINTS.name}", flush=True)
+    elif mode == "--check-fingerprints":
+        sys.exit(compare_fingerprints(record, json.loads(FINGERPRINTS.read_text())))
+
+
+def compare_fingerprints(record, recorded):
+    """Print how ``record`` differs from ``recorded``; 0 when every kernel's PTX is
+    the same, 1 when any changed, appeared or went."""
+    if (record["cc"], record["toolchain"]) != (recorded["cc"], recorded["toolchain"]):
+        print(f"fingerprints were recorded for sm {recorded['cc']} with {recorded['toolchain']}, "
+              f"this is sm {record['cc']} with {record['toolchain']}", flush=True)
+        return 1
+    now, then = record["kernels"], recorded["kernels"]
+    changed = sorted(n for n in now.keys() & then.keys() if now[n] != then[n])
+    for label, names in (("changed", changed), ("new", sorted(now.keys() - then.keys())),
+                         ("gone", sorted(then.keys() - now.keys()))):
+        for name in names:
+            print(f"fingerprint {label}: {name}", flush=True)
+    same = not changed and now.keys() == then.keys()
+    print(f"fingerprints {'unchanged' if same else 'DIFFER'} ({len(now)} kernels)", flush=True)
+    return 0 if same else 1
 
 
 if __name__ == "__main__":
-    main(tuple(int(v) for v in sys.argv[1:3]) if len(sys.argv) > 2 else (9, 0))
+    flags = [a for a in sys.argv[1:] if a.startswith("--")]
+    numbers = [int(a) for a in sys.argv[1:] if not a.startswith("--")]
+    if flags and flags[0] not in ("--check-fingerprints", "--write-fingerprints") or len(flags) > 1:
+        sys.exit(f"usage: compile_kernels.py [MAJOR MINOR] "
+                 f"[--check-fingerprints | --write-fingerprints] (got {' '.join(flags)})")
+    main(tuple(numbers[:2]) if len(numbers) >= 2 else (9, 0), flags[0] if flags else None)
