@@ -17,7 +17,9 @@ def _run(mpiexec, nprocs, *argv, **env):
                        env=mpiexec_env(**env))
 
 
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+# three and four ranks (the costliest jobs) run with -m slow
+@pytest.mark.parametrize("nprocs", [1, 2, pytest.param(3, marks=pytest.mark.slow),
+                                    pytest.param(4, marks=pytest.mark.slow)])
 def test_every_rank_matches_the_gathered_oracle(mpiexec, nprocs):
     for record in job_results(_run(mpiexec, nprocs), nprocs):
         assert record["strategy"] == "a2a" and record["cases"] == CASES, record
