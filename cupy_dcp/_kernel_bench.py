@@ -16,7 +16,9 @@ transfer of a real two-GPU call.
 
 import numpy as np
 
+from . import _settings
 from .layout import as_dtype, bits_dtype, lse_pack_dim
+from .kernels._launch import choose_launcher
 from .kernels._arrays import dummy_index, kernel_array
 from .kernels.combine import combine_kind, combine_launch
 from .kernels._rows import WARP
@@ -68,16 +70,26 @@ extern "C" __global__ void copy16(const uint4* __restrict__ src, uint4* __restri
 
 
 def _launcher_costs(kernel, grid, block, stream, args):
-    """Host microseconds per pack launch through each launcher that works here."""
-    from .kernels._launch import SpecializedKernel, _KINDS
+    """Host microseconds per pack launch through each launcher that works here, as
+    ``call/ready``: a call (its arguments flattened each time) and a ready launch
+    (:meth:`SpecializedKernel.prepare`: only the stream is set; ``-`` where the
+    launcher prepares none); ``driver dependent`` launches as a programmatic
+    dependent."""
+    from .kernels._launch import LAUNCHERS, SpecializedKernel
     costs = []
-    for kind in _KINDS:
+    for launcher, dependent in [(name, False) for name in LAUNCHERS] + [("driver", True)]:
+        label = f"{launcher} dependent" if dependent else launcher
         try:
-            k = SpecializedKernel(kernel._dispatcher, kernel.argtypes, kind=kind)
-            costs.append(f"{kind} {_host_launch_us(lambda: k(grid, block, stream.ptr, args), stream):.1f}")
+            k = SpecializedKernel(kernel._dispatcher, kernel.argtypes, launcher=launcher,
+                                  dependent=dependent)
+            call_us = _host_launch_us(lambda: k(grid, block, stream.ptr, args), stream)
+            ready = k.prepare(grid, block, args)
+            ready_us = "-" if ready is None else \
+                f"{_host_launch_us(lambda: ready(stream.ptr), stream):.1f}"
+            costs.append(f"{label} {call_us:.1f}/{ready_us}")
         except Exception as exc:  # a launcher whose package is missing here
-            costs.append(f"{kind} n/a ({type(exc).__name__})")
-    print("host us per launch: " + ", ".join(costs), flush=True)
+            costs.append(f"{label} n/a ({type(exc).__name__})")
+    print("host us per launch (call/ready): " + ", ".join(costs), flush=True)
 
 
 def copy_bandwidth(cupy, stream, nbytes=1 << 30):
@@ -100,6 +112,7 @@ def run_kernels(args):
 
     if MPI.COMM_WORLD.rank != 0:
         return
+    choose_launcher(_settings.launcher())  # CUPY_DCP_LAUNCHER picks the kernels' launcher
     n = 2
     dtype = as_dtype(args.dtype)
     bits = bits_dtype(dtype)

@@ -14,9 +14,8 @@ so a call can be captured in a CUDA graph and replayed.
 The smallest calls go word by word (each 8-byte word carries 4 bytes and the
 call's tag: no flag, no fence), the next ones in 128-byte lines that carry
 their own flag (NCCL's LL128 way: it relies on a warp's 128-byte store
-arriving whole, see ``cupy_dcp.kernels.direct``; ``CUPY_DCP_LINES=0`` turns
-them off, on any rank: the plan then agrees on it), the rest in tiles behind
-flags.
+arriving whole, see ``cupy_dcp.kernels.direct``; ``protocols`` without
+``"lines"`` turns them off), the rest in tiles behind flags.
 
 Where every rank has a GPU of its own (Hopper or later, a driver of CUDA
 12.3 or later), each call is launched as a *programmatic dependent* of the
@@ -25,7 +24,7 @@ and waits for it on the GPU (``griddepcontrol``), and a small call lets the
 kernel after it do the same (a kernel that was launched as an ordinary one
 is unaffected; one launched as a programmatic dependent must wait, with
 ``griddepcontrol.wait``, before it touches the call's results, as the PDL
-contract asks). ``CUPY_DCP_PDL=0`` turns this off. Never where ranks share a
+contract asks). ``pdl=False`` turns this off. Never where ranks share a
 GPU: a call's blocks that started early could take the places that a
 peer's blocks, on that GPU, need to run at all.
 
@@ -39,7 +38,8 @@ them), and it must be closed.
 """
 
 import ctypes
-import os
+import dataclasses
+import typing
 
 import numpy as np
 
@@ -48,7 +48,8 @@ from .kernels._launch import DeviceArray
 from .kernels._rows import WARP
 from .kernels.direct import (PEER_FAILED, STATE_WORDS, TIMED_OUT, WARPS, call_kernels,
                              direct_launch, line_rows, region_grid, window_layout)
-from .plan import DcpA2APlan, _Plan, _ready_steps
+from . import _settings
+from .plan import DcpA2APlan, PlanSettings, _Plan, _ready_steps
 from .kernels._arrays import kernel_array
 
 __all__ = ["DcpDirectPlan", "dcp_plan", "direct_problem"]
@@ -101,30 +102,43 @@ def _survey(comm):
     return (problems[0] if problems else None), everyone
 
 
-def pdl_setting(env=os.environ):
-    """``CUPY_DCP_PDL`` as a bool (unset: on); ``ValueError`` unless ``0`` or ``1``."""
-    setting = env.get("CUPY_DCP_PDL", "1")
-    if setting not in ("0", "1"):
-        raise ValueError(f"CUPY_DCP_PDL must be 0 or 1 (got {setting!r})")
-    return setting == "1"
-
-
-def lines_setting(env=os.environ):
-    """``CUPY_DCP_LINES`` as a bool (unset: on); ``ValueError`` unless ``0`` or ``1``.
-    Off, no call goes in 128-byte lines (see ``cupy_dcp.kernels.direct``)."""
-    setting = env.get("CUPY_DCP_LINES", "1")
-    if setting not in ("0", "1"):
-        raise ValueError(f"CUPY_DCP_LINES must be 0 or 1 (got {setting!r})")
-    return setting == "1"
-
-
 def dependent_launch(addresses, capability, driver_version, enabled=True):
-    """Whether direct calls launch as programmatic dependents: ``enabled``
-    (:func:`pdl_setting`), every rank on a GPU of its own (``addresses``: every
-    rank's GPU), compute ``capability`` 9.0 or later, and a driver of CUDA 12.3 or
-    later (graphs capture the dependency from then on)."""
+    """Whether one rank's GPU lets direct calls launch as programmatic dependents:
+    ``enabled``, every rank on a GPU of its own (``addresses``: every rank's GPU),
+    compute ``capability`` 9.0 or later, and a driver of CUDA 12.3 or later (graphs
+    capture the dependency from then on)."""
     return (bool(enabled) and len(set(addresses)) == len(addresses)
             and tuple(capability) >= (9, 0) and driver_version >= 12030)
+
+
+def resolve_pdl(pdl, addresses, gpus):
+    """Whether direct calls launch as programmatic dependents, for the ``pdl``
+    setting (:func:`cupy_dcp._settings.pdl`), every rank's GPU (``addresses``) and
+    every rank's ``(capability, driver_version)`` (``gpus``): the same answer on
+    every rank. ``RuntimeError`` where ``pdl`` is ``True`` and a rank's GPU cannot."""
+    supported = all(dependent_launch(addresses, capability, driver) for capability, driver in gpus)
+    if pdl and not supported:
+        raise RuntimeError(
+            "pdl=True needs every rank on a GPU of its own, of compute capability 9.0 or "
+            f"later, with a CUDA 12.3 or later driver (got GPUs {addresses}, capabilities "
+            f"and drivers {gpus})")
+    return supported if pdl is None else pdl
+
+
+@dataclasses.dataclass(frozen=True)
+class DirectSettings(PlanSettings):
+    """:class:`PlanSettings` and the direct plan's own, resolved."""
+
+    timeout: float  # seconds a call waits for a peer
+    pdl: typing.Optional[bool]  # programmatic dependent launches: None where supported
+    protocols: tuple  # of ``_settings.PROTOCOLS``, in that order
+
+
+class _Devices(typing.NamedTuple):
+    """What the direct plan learns of the group's GPUs (:meth:`DcpDirectPlan._prepare_device`)."""
+
+    addresses: list  # every rank's GPU, by PCI address
+    dependent: bool  # calls launch as programmatic dependents (:func:`resolve_pdl`)
 
 
 def _pci_address(runtime, device):
@@ -142,6 +156,17 @@ class DcpDirectPlan(_Plan):
         timeout: seconds a call waits for a peer's tile before it gives up
             (see the module docstring); ``None`` is the communicator's
             ``timeout``, else 30 s.
+        pdl: launch calls as programmatic dependents (see the module
+            docstring): ``True`` (``RuntimeError`` where a rank's GPU cannot),
+            ``False``, or ``None``: where every rank has a GPU of its own that
+            can (``CUPY_DCP_PDL=0`` makes it ``False``).
+        protocols: the transfers calls may use, names among ``"tiles"``,
+            ``"words"`` and ``"lines"`` (``"tiles"`` one of them); ``None`` is
+            all three (without ``"lines"`` under ``CUPY_DCP_LINES=0``).
+
+    Every rank must resolve the same ``timeout``, ``pdl`` and ``protocols``
+    (else every rank raises ``ValueError``); the resolved values are
+    :attr:`settings` (a :class:`DirectSettings`).
 
     Collective to build and to :meth:`close` (or use it as a context
     manager). Raises ``RuntimeError`` on every rank where the group cannot
@@ -151,56 +176,63 @@ class DcpDirectPlan(_Plan):
     """
 
     strategy = "direct"
+    settings_type = DirectSettings
 
     def __init__(self, comm, max_tokens, num_heads, head_dim, dtype, return_lse=False,
-                 is_lse_base_on_e=True, timeout=None):
-        self._window = self._status = None
+                 is_lse_base_on_e=True, timeout=None, pdl=None, protocols=None):
+        self._window = self._status = None  # what close() releases, however far the build got
         self._peers = []
         self._windows = self._flags = self._lls = self._line_regions = ()
-        self._timeout_arg = timeout
         self._dependent = False
         super().__init__(comm, max_tokens, num_heads, head_dim, dtype, return_lse,
-                         is_lse_base_on_e)
+                         is_lse_base_on_e, timeout=timeout, pdl=pdl, protocols=protocols)
 
-    def _prepare_device(self):
-        problem, self._addresses = _survey(self.comm)  # every rank's GPU, by PCI address
-        if problem is not None:
-            raise RuntimeError(f"the direct path cannot run here: {problem} "
-                               "(use DcpA2APlan, or dcp_plan(..., strategy='auto'))")
-
-    def _check_args(self):
-        timeout = self._timeout_arg if self._timeout_arg is not None else self.comm.timeout
+    def _own_settings(self, comm, timeout, pdl, protocols):
+        timeout = timeout if timeout is not None else comm.timeout
         timeout = DEFAULT_TIMEOUT if timeout is None else timeout
         if not (isinstance(timeout, (int, float)) and 0 < timeout <= _MAX_TIMEOUT):
             raise ValueError(f"timeout must be > 0 and <= {_MAX_TIMEOUT:g} seconds (got {timeout!r})")
-        self.timeout = float(timeout)
-        self._pdl = pdl_setting()  # here, so that a bad setting fails every rank at once
-        self._lines = lines_setting()
-        return dict(timeout=self.timeout)  # a rank that gave up sooner would stop pushing
+        # the ranks agree on the timeout too: a rank that gave up sooner would stop pushing
+        return dict(timeout=float(timeout), pdl=_settings.pdl(pdl),
+                    protocols=_settings.protocols(protocols))
 
-    def _allocate(self, cupy):
+    def _prepare_device(self, settings):
+        """Collective: every rank's GPU and whether calls launch as programmatic
+        dependents (:class:`_Devices`); ``RuntimeError`` where the group cannot use
+        the direct path."""
+        problem, addresses = _survey(self.comm)  # every rank's GPU, by PCI address
+        if problem is not None:
+            raise RuntimeError(f"the direct path cannot run here: {problem} "
+                               "(use DcpA2APlan, or dcp_plan(..., strategy='auto'))")
+        import cupy
+
+        capability = divmod(int(cupy.cuda.Device(self.comm.device).compute_capability), 10)
+        gpus = self.comm.mpi_comm.allgather((capability, cupy.cuda.runtime.driverGetVersion()))
+        return _Devices(addresses, resolve_pdl(settings.pdl, addresses, gpus))
+
+    def _allocate(self, cupy, settings, device, resident):
         comm = self.comm
         n = comm.world_size
         if n == 1:
             return
+        self._dependent = device.dependent
         runtime = cupy.cuda.runtime
         # The kernel's blocks wait for each other across GPUs, so every block of every
         # rank on this GPU must be resident at once; and every rank must cut a call into
         # the same tiles and blocks: the fewest that any rank can hold.
-        sharing = self._addresses.count(self._addresses[comm.rank])
+        sharing = device.addresses.count(device.addresses[comm.rank])
         # ranks sharing a GPU may run any of the kernels beside each other: the smallest
         # residency bounds them all then (a block of one fits where another's could)
-        resident = self._resident if sharing == 1 else [min(self._resident)] * 3
-        # the lines path too must be the same on every rank: off if off anywhere
-        caps = comm.mpi_comm.allgather([max(1, r // sharing) for r in resident]
-                                       + [int(self._lines)])
-        self._max_blocks, self._ll_max_blocks, self._line_max_blocks, lines = (
+        resident = resident if sharing == 1 else [min(resident)] * 3
+        caps = comm.mpi_comm.allgather([max(1, r // sharing) for r in resident])
+        self._max_blocks, self._ll_max_blocks, self._line_max_blocks = (
             min(c) for c in zip(*caps))
         width = self.head_dim + lse_pack_dim(self.dtype)
-        layout = window_layout(n, self.max_tokens, self.local_heads, width, self.bits.itemsize,
-                               line_rows=line_rows(n, self.max_tokens, self.local_heads, width,
-                                                   self.bits.itemsize, self._line_max_blocks)
-                               if lines else 0)
+        layout = window_layout(
+            n, self.max_tokens, self.local_heads, width, self.bits.itemsize,
+            rows=None if "words" in settings.protocols else 0,
+            line_rows=line_rows(n, self.max_tokens, self.local_heads, width, self.bits.itemsize,
+                                self._line_max_blocks) if "lines" in settings.protocols else 0)
         nbytes = layout.nbytes
         error = None
         try:
@@ -255,22 +287,22 @@ class DcpDirectPlan(_Plan):
             self._closed = True
             raise
 
-    def _warm_up(self):
+    def _warm_up(self, settings, device):
+        """The blocks of WARPS warps of each path's kernels that fit at once on this GPU
+        (each has its own registers): ``[tiles, words, lines]``; ``None`` in a group
+        of one."""
         n = self.comm.world_size
         if n == 1:
-            return
-        import cupy
+            return None
+        return [min(k.resident_blocks(WARP * WARPS)
+                    for k in call_kernels(self.dtype, n, self.bits, self.head_dim,
+                                          device.dependent, **path))
+                for path in ({}, dict(word_by_word=True), dict(lines=True))]
 
-        runtime = cupy.cuda.runtime
-        capability = divmod(int(cupy.cuda.Device(self.comm.device).compute_capability), 10)
-        self._dependent = dependent_launch(self._addresses, capability,
-                                           runtime.driverGetVersion(), self._pdl)
-        # the blocks of WARPS warps that fit at once: of the kernels in tiles, of the
-        # word-by-word ones and of those in lines (each has its own registers)
-        self._resident = [min(k.resident_blocks(WARP * WARPS)
-                              for k in call_kernels(self.dtype, n, self.bits, self.head_dim,
-                                                    self._dependent, **path))
-                          for path in ({}, dict(word_by_word=True), dict(lines=True))]
+    @property
+    def timeout(self):
+        """Seconds a call waits for a peer before it gives up (``settings.timeout``)."""
+        return self.settings.timeout
 
     def _run(self, tokens, x_bits, lse, mask, result, result_lse, ptr):
         self.check()
@@ -377,12 +409,13 @@ class DcpDirectPlan(_Plan):
 
 
 def dcp_plan(comm, max_tokens, num_heads, head_dim, dtype, return_lse=False,
-             is_lse_base_on_e=True, strategy="auto", timeout=None):
+             is_lse_base_on_e=True, strategy="auto", timeout=None, pdl=None, protocols=None):
     """A plan for the fastest strategy the group can run (collective).
 
     ``strategy``: ``"auto"`` (:class:`DcpDirectPlan` where :func:`direct_problem`
     finds nothing against it, else :class:`DcpA2APlan`), ``"direct"`` (raises
-    where it cannot run) or ``"a2a"``. ``timeout`` is the direct plan's.
+    where it cannot run) or ``"a2a"``. ``timeout``, ``pdl`` and ``protocols`` are
+    the direct plan's (see :class:`DcpDirectPlan`).
     """
     from .comm import as_communicator
 
@@ -392,12 +425,12 @@ def dcp_plan(comm, max_tokens, num_heads, head_dim, dtype, return_lse=False,
     if strategy == "auto" and comm.world_size > 1 and direct_problem(comm) is None:
         try:
             return DcpDirectPlan(comm, max_tokens, num_heads, head_dim, dtype, return_lse,
-                                 is_lse_base_on_e, timeout)
+                                 is_lse_base_on_e, timeout, pdl, protocols)
         except RuntimeError as exc:  # raised on every rank alike (e.g. IPC refused)
             import warnings
             warnings.warn(f"cupy_dcp: the direct path failed to set up ({exc}); "
                           "using the NCCL all-to-all", RuntimeWarning, stacklevel=2)
     elif strategy == "direct":
         return DcpDirectPlan(comm, max_tokens, num_heads, head_dim, dtype, return_lse,
-                             is_lse_base_on_e, timeout)
+                             is_lse_base_on_e, timeout, pdl, protocols)
     return DcpA2APlan(comm, max_tokens, num_heads, head_dim, dtype, return_lse, is_lse_base_on_e)

@@ -13,16 +13,17 @@ the arrays the call read) do.
   this rank's exact weight (float32), reduce-scatter (sum, float32), rounding.
 """
 
+import dataclasses
 import functools
 
 import numpy as np
 
-from . import _checks
+from . import _checks, _settings
 from .comm import _cupy_problem, as_communicator
 from .layout import BFLOAT16, as_dtype, bits_dtype, c_strides, check_heads, lse_pack_dim
 from .kernels._arrays import (as_cupy, cupy_stream, dummy_index, kernel_array, pointer_device,
                                stream_ptr)
-from .kernels._launch import DeviceArray
+from .kernels._launch import DeviceArray, choose_launcher
 from .kernels._rows import lanes_per_row
 from .kernels.agrs import (correct_kernel, correct_launch, finish_kernel, finish_launch,
                            mask_kernel, mask_launch)
@@ -40,62 +41,113 @@ def _flat_view(buffer, shape, dtype):
     return DeviceArray(buffer.data.ptr, shape, c_strides(shape, dtype.itemsize), dtype, buffer)
 
 
+@dataclasses.dataclass(frozen=True)
+class PlanSettings:
+    """A plan's arguments, checked and resolved: what every rank agrees on
+    (:meth:`fields`) before anything is built, and what the construction hooks
+    of :class:`_Plan` build from."""
+
+    world_size: int
+    max_tokens: int
+    num_heads: int
+    head_dim: int
+    dtype: np.dtype  # NumPy's
+    return_lse: bool
+    is_lse_base_on_e: bool
+    strategy: str
+    launcher: str  # the process's (``kernels._launch.choose_launcher``)
+
+    @property
+    def local_heads(self):
+        return self.num_heads // self.world_size
+
+    def fields(self):
+        """The settings as plain values, in the order ranks compare them."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields["dtype"] = self.dtype.name
+        return fields
+
+
 class _Plan:
-    """What every plan shares: collective creation, result buffers, call checks."""
+    """What every plan shares: collective creation, result buffers, call checks.
+
+    A plan is built in one order, each step from what the steps before it
+    return (none hands state to another through ``self``):
+    :meth:`_own_settings` (a subclass's own arguments, checked) makes the
+    plan's :class:`PlanSettings` (``settings_type``) with the shared ones; the
+    ranks agree on them; then :meth:`_prepare_device` (collective, only with
+    peers), :meth:`_warm_up` and :meth:`_allocate` (collective) build the plan.
+    The plan keeps its settings as :attr:`settings`.
+    """
 
     strategy = None
+    settings_type = PlanSettings
     _closed = False
 
     def __init__(self, comm, max_tokens, num_heads, head_dim, dtype,
-                 return_lse=False, is_lse_base_on_e=True):
+                 return_lse=False, is_lse_base_on_e=True, **options):
         self.comm = comm = as_communicator(comm)
-        n = comm.world_size
         name = type(self).__name__
         try:  # a rank whose arguments are bad makes every rank raise, not wait
-            dtype = _check_plan_args(n, max_tokens, num_heads, head_dim, dtype)
-            extra = self._check_args()
+            settings = self.settings_type(
+                **_plan_settings(comm.world_size, max_tokens, num_heads, head_dim, dtype,
+                                 return_lse, is_lse_base_on_e, self.strategy),
+                **self._own_settings(comm, **options))
             problem = _cupy_problem()
             if problem is not None:
                 raise RuntimeError(f"{name} needs CuPy and a GPU: {problem}")
-            fields = dict(world_size=n, max_tokens=int(max_tokens), num_heads=int(num_heads),
-                          head_dim=int(head_dim), dtype=dtype.name, return_lse=bool(return_lse),
-                          is_lse_base_on_e=bool(is_lse_base_on_e), strategy=self.strategy,
-                          arrays="device", **extra)
         except (ValueError, TypeError, RuntimeError) as exc:
             comm.agree(name, dict(error=exc))
             raise
-        comm.agree(name, fields)
+        comm.agree(name, settings.fields())
+        self.settings = settings
+        self.dtype = settings.dtype
+        self.max_tokens, self.num_heads, self.head_dim = (
+            settings.max_tokens, settings.num_heads, settings.head_dim)
+        self.local_heads = settings.local_heads
+        self.return_lse = settings.return_lse
+        self.base_e = settings.is_lse_base_on_e
+        self.bits = bits_dtype(settings.dtype)
+        self._value = combine_kind(settings.dtype)[1]
+        device = self._prepare_device(settings) if comm.world_size > 1 else None
         import cupy
 
-        self.dtype = dtype
-        self.max_tokens, self.num_heads, self.head_dim = int(max_tokens), int(num_heads), int(head_dim)
-        self.local_heads = num_heads // n
-        self.return_lse = bool(return_lse)
-        self.base_e = bool(is_lse_base_on_e)
-        self.bits = bits_dtype(dtype)
-        self._value = combine_kind(dtype)[1]
-        if n > 1:
-            self._prepare_device()
         with cupy.cuda.Device(comm.device):
-            self._result = cupy.empty((max_tokens, self.local_heads, head_dim), dtype=dtype)
-            self._result_lse = cupy.empty((max_tokens, self.local_heads), dtype=cupy.float32)
-            self._lse32 = cupy.empty((max_tokens, num_heads), dtype=cupy.float32)
-            self._seq = cupy.empty(max_tokens, dtype=cupy.int64)
-            self._qsl = cupy.empty(max_tokens + 1, dtype=cupy.int64)
+            T = settings.max_tokens
+            self._result = cupy.empty((T, self.local_heads, self.head_dim), dtype=self.dtype)
+            self._result_lse = cupy.empty((T, self.local_heads), dtype=cupy.float32)
+            self._lse32 = cupy.empty((T, self.num_heads), dtype=cupy.float32)
+            self._seq = cupy.empty(T, dtype=cupy.int64)
+            self._qsl = cupy.empty(T + 1, dtype=cupy.int64)
             self._no_mask = dummy_index()
             self._views = {}
             self._ready = {}
-            self._warm_up()  # compiled before any exchange buffer exists: nothing to undo
-            self._allocate(cupy)
+            # compiled before any exchange buffer exists: nothing to undo
+            kernels = self._warm_up(settings, device)
+            self._allocate(cupy, settings, device, kernels)
 
-    def _check_args(self):
-        """Raise ``ValueError`` for a bad argument of a subclass; return the fields of
-        its own that every rank must agree on (a dict)."""
+    def _own_settings(self, comm):
+        """Check a subclass's own arguments (its ``__init__``'s, passed on as keywords)
+        and resolve them: the fields its ``settings_type`` adds to :class:`PlanSettings`
+        (a dict). Raises ``ValueError`` or ``TypeError`` for a bad one. None here."""
         return {}
 
-    def _prepare_device(self):
-        """Collective: make the communicator ready for this plan's exchanges."""
+    def _prepare_device(self, settings):
+        """Collective, only where the plan has peers: make the communicator ready for
+        this plan's exchanges; return what the later steps need to know of the
+        devices (here ``None``)."""
         self.comm.prepare_device()
+
+    def _warm_up(self, settings, device):
+        """Compile and load now every kernel a call may pick, never inside a capture;
+        return what :meth:`_allocate` needs to know of them (or ``None``). ``device``
+        is :meth:`_prepare_device`'s answer (``None`` in a group of one)."""
+        raise NotImplementedError
+
+    def _allocate(self, cupy, settings, device, kernels):
+        """Collective: allocate the exchange buffers; ``kernels`` is :meth:`_warm_up`'s
+        answer."""
+        raise NotImplementedError
 
     def __call__(self, cp_attn_out, cp_attn_lse, out=None, out_lse=None,
                  seq_lens=None, query_start_loc=None, stream=None):
@@ -283,15 +335,14 @@ class DcpA2APlan(_Plan):
 
     strategy = "a2a"
 
-    def _allocate(self, cupy):
+    def _allocate(self, cupy, settings, device, kernels):
         n = self.comm.world_size
         self._width = self.head_dim + lse_pack_dim(self.dtype)
         nbytes = n * self.max_tokens * self.local_heads * self._width * self.bits.itemsize
         self._send = cupy.empty(nbytes, cupy.uint8)
         self._recv = cupy.empty_like(self._send)
 
-    def _warm_up(self):
-        """Compile and load now every kernel a call may pick, never inside a capture."""
+    def _warm_up(self, settings, device):
         D = self.head_dim
         pack_kernel(self.bits, lanes_per_row(D))
         combine_kernel(self.dtype, False, lanes_per_row(D))
@@ -332,14 +383,14 @@ class DcpAgRsPlan(_Plan):
 
     strategy = "ag_rs"
 
-    def _allocate(self, cupy):
+    def _allocate(self, cupy, settings, device, kernels):
         n, T = self.comm.world_size, self.max_tokens
         self._lse_in = cupy.empty(T * self.num_heads, cupy.float32)
         self._lses = cupy.empty(n * T * self.num_heads, cupy.float32)
         self._corrected = cupy.empty(n * T * self.local_heads * self.head_dim, cupy.float32)
         self._summed = cupy.empty(T * self.local_heads * self.head_dim, cupy.float32)
 
-    def _warm_up(self):
+    def _warm_up(self, settings, device):
         group = lanes_per_row(self.head_dim)
         correct_kernel(self.dtype, group)
         finish_kernel(self.dtype, group)
@@ -400,8 +451,10 @@ def _launch_now(kernel, grid, block, args, ptr):
     kernel(grid, block, ptr, args)
 
 
-def _check_plan_args(world_size, max_tokens, num_heads, head_dim, dtype):
-    """Validate a plan's sizes and dtype; return the dtype as NumPy's."""
+def _plan_settings(world_size, max_tokens, num_heads, head_dim, dtype, return_lse,
+                   is_lse_base_on_e, strategy):
+    """The fields of :class:`PlanSettings` from a plan's shared arguments, checked
+    (``ValueError`` for a bad size, ``TypeError`` for a bad dtype)."""
     try:
         dtype = as_dtype(dtype)
         lse_pack_dim(dtype)
@@ -412,7 +465,10 @@ def _check_plan_args(world_size, max_tokens, num_heads, head_dim, dtype):
     if head_dim < 1:
         raise ValueError(f"head_dim must be >= 1 (got {head_dim})")
     check_heads(num_heads, world_size)
-    return dtype
+    return dict(world_size=world_size, max_tokens=int(max_tokens), num_heads=int(num_heads),
+                head_dim=int(head_dim), dtype=dtype, return_lse=bool(return_lse),
+                is_lse_base_on_e=bool(is_lse_base_on_e), strategy=strategy,
+                launcher=choose_launcher(_settings.launcher()))
 
 
 def _contiguous_int64(arr):

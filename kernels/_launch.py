@@ -1,32 +1,30 @@
-"""Cheap launches of Numba kernels: specialise once, launch the cubin.
+"""Launches of Numba kernels from their cubin, each kernel specialised once.
 
-A lazily typed Numba launch costs 50-500 us of host time. Here each kernel is
-compiled once for one signature; its cubin (Numba's own compilation) is
-loaded and launched through ``cuda.core`` (else the driver's ``cuLaunchKernel``
-through ``ctypes``, else CuPy's driver module; see :func:`launcher_kind`).
-The arguments follow Numba's kernel ABI: every array becomes ``meminfo, parent,
-nitems, itemsize, data, shape..., strides...`` (all 64-bit; strides in
-bytes), and every scalar argument of our kernels is an int64, so the
-parameters are one int64 block.
-The launch touches no stream but the one it is given, so it can be captured
-in a CUDA graph. A kernel made ``dependent`` is launched as a programmatic
-dependent (``cuLaunchKernelEx`` with programmatic stream serialisation,
-through ctypes): it may start while the kernel before it on the stream ends,
-and must wait for it (``griddepcontrol.wait``) before it loads anything.
+Each kernel is compiled once for one signature; its cubin (Numba's own
+compilation) is loaded and launched by the process's launcher (one of
+:data:`LAUNCHERS`, chosen once: :func:`choose_launcher`). The arguments follow
+Numba's kernel ABI: every array becomes ``meminfo, parent, nitems, itemsize,
+data, shape..., strides...`` (all 64-bit; strides in bytes), and every scalar
+argument of our kernels is an int64, so the parameters are one int64 block.
 
-Under the CUDA simulator, and with ``CUPY_DCP_LAUNCHER=numba``, the Numba
-dispatcher launches instead (same kernels, same arguments).
+A launch touches no stream but the one it is given, so it can be captured in a
+CUDA graph. A kernel made ``dependent`` is launched as a programmatic dependent
+(the driver's ``cuLaunchKernelEx`` with programmatic stream serialisation,
+through ``cuda.bindings``): it may start while the kernel before it on the
+stream ends, and must wait for it (``griddepcontrol.wait``) before it loads
+anything.
+
+Under the CUDA simulator the Numba dispatcher launches (same kernels, same
+arguments).
 """
 
-import ctypes
-import os
 import threading
 
 import numpy as np
 from numba import config, cuda, from_dtype
 from numba.core import types
 
-__all__ = ["DeviceArray", "SpecializedKernel", "launcher_kind"]
+__all__ = ["DeviceArray", "LAUNCHERS", "SpecializedKernel", "choose_launcher"]
 
 
 class DeviceArray:
@@ -111,37 +109,46 @@ class DeviceArray:
         return cuda.from_cuda_array_interface(desc, owner=self.owner, sync=False)
 
 
-_KINDS = ("core", "driver", "cupy", "numba")
+LAUNCHERS = ("core", "driver", "cupy", "numba")
+_CHOSEN = []  # this process's launcher, once chosen
 
 
-def launcher_kind():
-    """How kernels are launched: ``"core"`` (cuda.core), ``"driver"`` (the driver's
-    ``cuLaunchKernel`` through ctypes), ``"cupy"`` (CuPy's driver module) or
-    ``"numba"`` (Numba's own launcher); ``CUPY_DCP_LAUNCHER`` picks one.
+def choose_launcher(launcher=None):
+    """This process's launcher, chosen once; every kernel made without a launcher of
+    its own takes it.
 
-    The order is by measurement (host microseconds per launch of the pack
-    kernel on an H200 node, three runs): cuda.core 11-18, ctypes 15-23,
-    CuPy 30-40, Numba 300-550.
+    ``"core"`` launches through ``cuda.core``, ``"driver"`` through the driver's
+    ``cuLaunchKernelEx`` (``cuda.bindings``), ``"cupy"`` through CuPy's driver
+    module and ``"numba"`` through Numba's own launcher. ``launcher`` is one of
+    :data:`LAUNCHERS`, or ``None``: the first of them that can run here (that is
+    their order by host cost per launch). Under the CUDA simulator it is always
+    ``"numba"``.
+
+    Raises:
+        ValueError: ``launcher`` is not one of :data:`LAUNCHERS`.
+        RuntimeError: another launcher was chosen before (kernels made since use it).
     """
+    if launcher is not None and launcher not in LAUNCHERS:
+        raise ValueError(f"launcher must be one of {LAUNCHERS} or None (got {launcher!r})")
     if config.ENABLE_CUDASIM:
-        return "numba"
-    forced = os.environ.get("CUPY_DCP_LAUNCHER")
-    if forced:
-        if forced not in _KINDS:
-            raise ValueError(f"CUPY_DCP_LAUNCHER must be one of {_KINDS} (got {forced!r})")
-        return forced
-    try:
-        import cuda.core  # noqa: F401
-        return "core"
-    except ImportError:
-        pass
-    if _libcuda() is not None:
-        return "driver"
-    try:
-        import cupy  # noqa: F401
-        return "cupy"
-    except ImportError:
-        return "numba"
+        launcher = "numba"
+    if not _CHOSEN:
+        _CHOSEN.append(launcher or _first_available())
+    elif launcher not in (None, _CHOSEN[0]):
+        raise RuntimeError(f"this process launches kernels through {_CHOSEN[0]!r}, chosen "
+                           f"before (got launcher {launcher!r})")
+    return _CHOSEN[0]
+
+
+def _first_available():
+    for launcher, module in (("core", "cuda.core"), ("driver", "cuda.bindings.driver"),
+                             ("cupy", "cupy")):
+        try:
+            __import__(module)
+            return launcher
+        except ImportError:
+            pass
+    return "numba"
 
 
 class _StreamHandle:
@@ -162,19 +169,22 @@ class SpecializedKernel:
     Args:
         dispatcher: a ``numba.cuda.jit`` kernel.
         argtypes: the Numba types of its arguments (arrays and int64 scalars).
-        kind: the launcher (:func:`launcher_kind` by default).
+        launcher: one of :data:`LAUNCHERS`; ``None`` is the process's
+            (:func:`choose_launcher`).
         dependent: launch it as a programmatic dependent of the kernel before it
             (through the driver: the other launchers cannot; Numba's ignores it).
     """
 
-    def __init__(self, dispatcher, argtypes, kind=None, dependent=False):
-        self.kind = kind or launcher_kind()
+    def __init__(self, dispatcher, argtypes, launcher=None, dependent=False):
+        if launcher is not None and launcher not in LAUNCHERS:
+            raise ValueError(f"launcher must be one of {LAUNCHERS} or None (got {launcher!r})")
+        self.launcher = launcher or choose_launcher()
         self.dependent = bool(dependent)
-        if self.dependent and self.kind != "numba":
-            self.kind = "driver"
+        if self.dependent and self.launcher != "numba":
+            self.launcher = "driver"
         self.argtypes = tuple(argtypes)
         self._dispatcher = dispatcher
-        if self.kind == "numba":
+        if self.launcher == "numba":
             return
         dispatcher.compile(self.argtypes)
         compiled = dispatcher.overloads[self.argtypes]
@@ -182,12 +192,10 @@ class SpecializedKernel:
         cubin = compiled.library.get_cubin(cc=cc)
         cubin = getattr(cubin, "code", cubin)
         name = compiled.entry_name
-        if self.kind == "driver":
-            if _libcuda() is None:
-                raise RuntimeError("the CUDA driver library (libcuda) cannot be loaded")
+        if self.launcher == "driver":
             self._cubin, self._name = bytes(cubin), name.encode()
             self._driver_setup(sum(map(_abi_words, self.argtypes)))
-        elif self.kind == "core":
+        elif self.launcher == "core":
             from cuda.core import LaunchConfig, ObjectCode, launch
             self._function = ObjectCode.from_cubin(cubin).get_kernel(name)
             self._config = LaunchConfig
@@ -204,6 +212,7 @@ class SpecializedKernel:
     def _driver_setup(self, count):
         """The driver launcher's state: the CUDA function of each context, and one
         reused launch state for launches not made ready."""
+        self._cuda = _driver()
         self._functions = {}  # a module is loaded once per CUDA context
         self._driver = _DriverLaunch(self, count)
 
@@ -215,7 +224,7 @@ class SpecializedKernel:
 
     def __call__(self, grid, block, stream_ptr, args):
         """Launch on ``stream_ptr`` with ``args``: DeviceArrays and ints, in signature order."""
-        if self.kind == "numba":
+        if self.launcher == "numba":
             self._launch_numba(grid, block, stream_ptr, args)
             return
         self.launch_flat(grid, block, stream_ptr, flatten(args))
@@ -224,19 +233,18 @@ class SpecializedKernel:
         """This launch made ready once: ``launch(stream_ptr)`` then only launches.
         The result holds the arguments as ints, none of their owners; ``None``
         under the Numba launcher (its arguments must keep their owners)."""
-        if self.kind == "numba":
+        if self.launcher == "numba":
             return None
         flat = flatten(args)
-        if self.kind == "driver":  # its own parameter block, filled once
-            launch, dims = _DriverLaunch(self, len(flat), flat), _dims(grid, block)
-            return lambda stream_ptr: launch(stream_ptr, dims)
+        if self.launcher == "driver":  # its own parameter block and configuration, filled once
+            return _DriverLaunch(self, len(flat), flat, _dims(grid, block))
         return lambda stream_ptr: self.launch_flat(grid, block, stream_ptr, flat)
 
     def launch_flat(self, grid, block, stream_ptr, flat):
         """Launch with arguments already flattened to the ABI."""
-        if self.kind == "driver":
+        if self.launcher == "driver":
             self._driver(stream_ptr, _dims(grid, block), flat)
-        elif self.kind == "core":
+        elif self.launcher == "core":
             key = (grid, block)
             config = self._configs.get(key)
             if config is None:
@@ -245,24 +253,29 @@ class SpecializedKernel:
             if stream is None:
                 stream = self._streams[stream_ptr] = _core_stream(stream_ptr)
             self._launch(stream, config, self._function, *flat)
-        elif self.kind == "cupy":
+        elif self.launcher == "cupy":
             self._function(grid, block, tuple(flat), stream=_StreamHandle(stream_ptr))
         else:
             raise RuntimeError("flat launches need the cuda.core or CuPy launcher")
 
-    def _function_in_current_context(self, lib):
-        context = ctypes.c_void_p()
-        lib.check(lib.cuCtxGetCurrent(ctypes.byref(context)), "cuCtxGetCurrent")
-        function = self._functions.get(context.value)
+    def _function_in_current_context(self):
+        """The driver's handle of this kernel in the current CUDA context (its module is
+        loaded once per context)."""
+        driver = self._cuda
+        err, context = driver.cuCtxGetCurrent()
+        if err:
+            _check(driver, err, "cuCtxGetCurrent")
+        key = int(context)
+        function = self._functions.get(key)
         if function is None:
-            if not context.value:
+            if not key:
                 raise RuntimeError("no CUDA context is current: select a device first "
                                    "(cupy.cuda.Device(i).use())")
-            module, handle = ctypes.c_void_p(), ctypes.c_void_p()
-            lib.check(lib.cuModuleLoadData(ctypes.byref(module), self._cubin), "cuModuleLoadData")
-            lib.check(lib.cuModuleGetFunction(ctypes.byref(handle), module, self._name),
-                      "cuModuleGetFunction")
-            function = self._functions[context.value] = handle.value
+            err, module = driver.cuModuleLoadData(self._cubin)
+            _check(driver, err, "cuModuleLoadData")
+            err, function = driver.cuModuleGetFunction(module, self._name)
+            _check(driver, err, "cuModuleGetFunction")
+            self._functions[key] = function
         return function
 
     def _launch_numba(self, grid, block, stream_ptr, args):
@@ -275,45 +288,52 @@ class SpecializedKernel:
 
 
 class _DriverLaunch:
-    """Launches of one kernel through the driver from one parameter block (and, for
-    a dependent kernel, one launch configuration): a kernel's own, refilled at
-    every launch, or a ready launch's, filled once (``flat``). The driver copies
-    both before a launch returns."""
+    """Launches of one kernel through ``cuLaunchKernelEx`` from one parameter block
+    and one launch configuration: a kernel's own, refilled at every launch, or a
+    ready launch's, filled once (``flat`` and ``dims``: then ``launch(stream_ptr)``
+    only sets the stream). The driver copies both before a launch returns."""
 
-    def __init__(self, kernel, count, flat=None):
+    def __init__(self, kernel, count, flat=None, dims=None):
+        driver = _driver()
         self._kernel = kernel
+        self._launch = driver.cuLaunchKernelEx
         self._params = np.zeros(count, dtype=np.int64)
         if flat is not None:
             self._params[:] = flat
+        # kernelParams: the address of an array of pointers, one to each parameter
         self._pointers = np.arange(self._params.ctypes.data,
                                    self._params.ctypes.data + 8 * count, 8, dtype=np.uint64)
         self._pointers_ptr = int(self._pointers.ctypes.data)
-        self._lock = threading.Lock()
-        self._config = None
+        self._lock = threading.Lock()  # the block and the configuration are shared
+        self._config = driver.CUlaunchConfig()
         if kernel.dependent:
-            self._attribute = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, allowed=1)
-            self._config = _LaunchConfig(attrs=ctypes.addressof(self._attribute), numAttrs=1)
+            attribute = driver.CUlaunchAttribute()
+            attribute.id = (driver.CUlaunchAttributeID
+                            .CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+            attribute.value.programmaticStreamSerializationAllowed = 1
+            self._config.attrs = [attribute]  # copied into the configuration
+            self._config.numAttrs = 1
+        if dims is not None:
+            self._set_dims(dims)
 
-    def __call__(self, stream_ptr, dims, flat=None):
-        """Launch on ``stream_ptr`` with grid and block ``dims`` (:func:`_dims`), after
-        filling the parameters with ``flat`` where given."""
-        lib = _libcuda()
-        function = self._kernel._function_in_current_context(lib)
+    def _set_dims(self, dims):
+        config = self._config
+        (config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX,
+         config.blockDimY, config.blockDimZ) = dims
+
+    def __call__(self, stream_ptr, dims=None, flat=None):
+        """Launch on ``stream_ptr``, after setting the grid and block ``dims``
+        (:func:`_dims`) and filling the parameters with ``flat`` where given."""
+        function = self._kernel._function_in_current_context()
         with self._lock:
             if flat is not None:
                 self._params[:] = flat
-            config = self._config
-            if config is None:
-                err = lib.cuLaunchKernel(function, *dims, 0, stream_ptr, self._pointers_ptr,
-                                         None)
-            else:
-                (config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX,
-                 config.blockDimY, config.blockDimZ) = dims
-                config.hStream = stream_ptr
-                err = lib.cuLaunchKernelEx(ctypes.byref(config), function, self._pointers_ptr,
-                                           None)
+            if dims is not None:
+                self._set_dims(dims)
+            self._config.hStream = stream_ptr
+            err, = self._launch(self._config, function, self._pointers_ptr, 0)
         if err:
-            lib.check(err, "cuLaunchKernel" if config is None else "cuLaunchKernelEx")
+            _check(_driver(), err, "cuLaunchKernelEx")
 
 
 def _dims(grid, block):
@@ -351,67 +371,17 @@ def _numba_arg(arg):
     return arg
 
 
-_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+def _driver():
+    """``cuda.bindings.driver``, imported when a driver launch is first set up."""
+    from cuda.bindings import driver
+    return driver
 
 
-class _LaunchAttribute(ctypes.Structure):
-    """``CUlaunchAttribute``: an id, then a 64-byte union at offset 8 whose first
-    member here is ``programmaticStreamSerializationAllowed``."""
-
-    _fields_ = [("id", ctypes.c_int), ("_pad", ctypes.c_char * 4), ("allowed", ctypes.c_uint),
-                ("_rest", ctypes.c_char * 60)]
-
-
-class _LaunchConfig(ctypes.Structure):
-    """``CUlaunchConfig``: grid, block, dynamic shared memory, stream, attributes."""
-
-    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
-                ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint),
-                ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
-                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
-                ("attrs", ctypes.c_void_p), ("numAttrs", ctypes.c_uint)]
-
-
-class _Libcuda:
-    """The few CUDA driver entry points the launcher calls, through ctypes."""
-
-    def __init__(self, lib):
-        c = ctypes
-        self._lib = lib
-        self.cuLaunchKernel = lib.cuLaunchKernel
-        self.cuLaunchKernel.argtypes = [c.c_void_p] + [c.c_uint] * 7 + [c.c_void_p] * 3
-        self.cuLaunchKernel.restype = c.c_int
-        self.cuLaunchKernelEx = getattr(lib, "cuLaunchKernelEx", None)  # CUDA 12.0 and later
-        if self.cuLaunchKernelEx is not None:
-            self.cuLaunchKernelEx.argtypes = [c.c_void_p, c.c_void_p, c.c_void_p, c.c_void_p]
-            self.cuLaunchKernelEx.restype = c.c_int
-        self.cuModuleLoadData = lib.cuModuleLoadData
-        self.cuModuleLoadData.argtypes = [c.POINTER(c.c_void_p), c.c_char_p]
-        self.cuModuleGetFunction = lib.cuModuleGetFunction
-        self.cuModuleGetFunction.argtypes = [c.POINTER(c.c_void_p), c.c_void_p, c.c_char_p]
-        self.cuCtxGetCurrent = lib.cuCtxGetCurrent
-        self.cuCtxGetCurrent.argtypes = [c.POINTER(c.c_void_p)]
-        self._error_string = lib.cuGetErrorString
-        self._error_string.argtypes = [c.c_int, c.POINTER(c.c_char_p)]
-
-    def check(self, err, what):
-        if err:
-            text = ctypes.c_char_p()
-            self._error_string(err, ctypes.byref(text))
-            raise RuntimeError(f"{what} failed: {(text.value or b'?').decode()} (CUresult {err})")
-
-
-_LIBCUDA = []
-
-
-def _libcuda():
-    """The CUDA driver through ctypes, or ``None`` where it cannot be loaded."""
-    if not _LIBCUDA:
-        try:
-            _LIBCUDA.append(_Libcuda(ctypes.CDLL("libcuda.so.1")))
-        except (OSError, AttributeError):
-            _LIBCUDA.append(None)
-    return _LIBCUDA[0]
+def _check(driver, err, what):
+    """Raise ``RuntimeError`` for a driver call that did not return ``CUDA_SUCCESS``."""
+    if err:
+        _, text = driver.cuGetErrorString(err)
+        raise RuntimeError(f"{what} failed: {(text or b'?').decode()} (CUresult {int(err)})")
 
 
 def _core_stream(ptr):

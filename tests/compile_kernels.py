@@ -28,7 +28,6 @@ against it and exits 1 naming the kernels whose PTX changed.
 
 import hashlib
 import json
-import os
 import re
 import sys
 from importlib import metadata
@@ -132,7 +131,9 @@ def toolchain_problem():
 
 
 def main(cc, mode=None):
-    os.environ["CUPY_DCP_LAUNCHER"] = "numba"  # the kernels' wrappers then compile nothing
+    from cupy_dcp.kernels._launch import choose_launcher
+
+    choose_launcher("numba")  # the kernels' wrappers then compile nothing
     problem = toolchain_problem()
     if problem:
         print(f"no NVVM or NVRTC here ({problem})", flush=True)

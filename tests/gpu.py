@@ -15,9 +15,9 @@ def pdl_expected(ranks):
     """Whether a direct plan of ``ranks`` ranks launches as programmatic dependents
     here: a GPU for each rank, all Hopper or later, a CUDA 12.3 or later driver,
     ``CUPY_DCP_PDL`` not 0."""
-    import os
+    from cupy_dcp import _settings
 
-    if gpu_count() < ranks or os.environ.get("CUPY_DCP_PDL", "1") == "0":
+    if gpu_count() < ranks or _settings.pdl() is False:
         return False
     import cupy
     runtime = cupy.cuda.runtime

@@ -5,9 +5,8 @@ import ctypes
 
 import pytest
 
-from cupy_dcp.direct import dependent_launch, lines_setting, pdl_setting
-from cupy_dcp.kernels._launch import (_PROGRAMMATIC_STREAM_SERIALIZATION, _LaunchAttribute,
-                                      _LaunchConfig)
+from cupy_dcp import _settings
+from cupy_dcp.direct import dependent_launch
 
 OWN = ["0000:19:00", "0000:3b:00"]  # every rank on a GPU of its own
 
@@ -22,81 +21,97 @@ def test_every_rank_on_its_own_hopper():
     (OWN + ["0000:19:00"], (9, 0), 13000, True),
     (OWN, (8, 0), 13000, True),  # no griddepcontrol before Hopper
     (OWN, (9, 0), 12020, True),  # graphs capture the dependency from CUDA 12.3 on
-    (OWN, (9, 0), 13000, False),  # CUPY_DCP_PDL=0
+    (OWN, (9, 0), 13000, False),  # pdl=False
 ])
 def test_ordinary_launches_elsewhere(addresses, capability, driver, enabled):
     assert not dependent_launch(addresses, capability, driver, enabled)
 
 
 def test_the_setting():
-    assert pdl_setting({}) and pdl_setting({"CUPY_DCP_PDL": "1"})
-    assert not pdl_setting({"CUPY_DCP_PDL": "0"})
+    # unset or 1: dependent launches where the GPUs support them (None); 0: never
+    assert _settings.pdl(None, {}) is None and _settings.pdl(None, {"CUPY_DCP_PDL": "1"}) is None
+    assert _settings.pdl(None, {"CUPY_DCP_PDL": "0"}) is False
     with pytest.raises(ValueError, match="CUPY_DCP_PDL"):
-        pdl_setting({"CUPY_DCP_PDL": "yes"})
+        _settings.pdl(None, {"CUPY_DCP_PDL": "yes"})
 
 
 def test_the_lines_setting():
-    assert lines_setting({}) and lines_setting({"CUPY_DCP_LINES": "1"})
-    assert not lines_setting({"CUPY_DCP_LINES": "0"})
+    every = ("tiles", "words", "lines")
+    assert _settings.protocols(None, {}) == every
+    assert _settings.protocols(None, {"CUPY_DCP_LINES": "1"}) == every
+    assert "lines" not in _settings.protocols(None, {"CUPY_DCP_LINES": "0"})
     with pytest.raises(ValueError, match=r"^CUPY_DCP_LINES must be 0 or 1 \(got 'off'\)$"):
-        lines_setting({"CUPY_DCP_LINES": "off"})
+        _settings.protocols(None, {"CUPY_DCP_LINES": "off"})
+
+
+def _config_bytes(config):
+    """The bytes of a ``CUlaunchConfig`` as the driver reads them."""
+    return ctypes.string_at(config.getPtr(), 56)
 
 
 def test_driver_structures_match_cuda_h():
-    # CUlaunchAttribute: an enum, padding to 8, a 64-byte union
-    assert ctypes.sizeof(_LaunchAttribute) == 72
-    assert _LaunchAttribute.allowed.offset == 8
     # CUlaunchConfig: seven unsigned ints, then the stream, the attributes, their count
-    assert ctypes.sizeof(_LaunchConfig) == 56
-    assert (_LaunchConfig.hStream.offset, _LaunchConfig.attrs.offset,
-            _LaunchConfig.numAttrs.offset) == (32, 40, 48)
-    assert _PROGRAMMATIC_STREAM_SERIALIZATION == 6
-    attribute = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, allowed=1)
-    raw = bytes(attribute)
-    assert raw[:4] == (6).to_bytes(4, "little") and raw[8:12] == (1).to_bytes(4, "little")
+    from cuda.bindings import driver
+
+    from cupy_dcp.kernels import _launch
+
+    kernel = _launch.SpecializedKernel.__new__(_launch.SpecializedKernel)
+    kernel.dependent = True
+    launch = _launch._DriverLaunch(kernel, 2, [3, 4], (5, 1, 1, 32, 8, 1))
+    raw = _config_bytes(launch._config)
+    assert [int.from_bytes(raw[4 * i:4 * i + 4], "little") for i in range(7)] == [
+        5, 1, 1, 32, 8, 1, 0]
+    assert int.from_bytes(raw[48:52], "little") == 1  # numAttrs
+    # CUlaunchAttribute: an enum, padding to 8, a 64-byte union whose first member is
+    # programmaticStreamSerializationAllowed
+    attribute = ctypes.string_at(int.from_bytes(raw[40:48], "little"), 72)
+    assert attribute[:4] == (6).to_bytes(4, "little") and attribute[8:12] == (1).to_bytes(4, "little")
+    assert int(driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION) == 6
+    kernel.dependent = False
+    plain = _config_bytes(_launch._DriverLaunch(kernel, 1)._config)
+    assert int.from_bytes(plain[48:52], "little") == 0  # no attribute: an ordinary launch
 
 
 class _FakeDriver:
-    """Records the launches a prepared driver launch makes (no GPU)."""
+    """Records the launches a driver launch makes (no GPU), as ``cuLaunchKernelEx``."""
 
     def __init__(self):
         self.calls = []
 
-    def cuLaunchKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        self.calls.append(("plain", function, (gx, gy, gz, bx, by, bz), shared, stream, params))
-        return 0
-
     def cuLaunchKernelEx(self, config, function, params, extra):
-        c = config._obj  # ctypes.byref
-        attribute = _LaunchAttribute.from_address(c.attrs)
+        c = config
+        attributes = [(int(a.id), a.value.programmaticStreamSerializationAllowed)
+                      for a in c.attrs[:c.numAttrs]]
         self.calls.append(("ex", function, (c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX,
                                             c.blockDimY, c.blockDimZ), c.sharedMemBytes,
-                           c.hStream, params, c.numAttrs, attribute.id, attribute.allowed))
-        return 0
+                           int(c.hStream), params, extra, attributes))
+        return (0,)
 
 
 def _driver_kernel(monkeypatch, dependent, function):
     """A SpecializedKernel of the driver launcher with no cubin, and the stand-in
     driver its launches go to."""
+    from cuda.bindings import driver
+
     from cupy_dcp.kernels import _launch
 
     fake = _FakeDriver()
-    monkeypatch.setattr(_launch, "_libcuda", lambda: fake)
+    monkeypatch.setattr(driver, "cuLaunchKernelEx", fake.cuLaunchKernelEx)
     kernel = _launch.SpecializedKernel.__new__(_launch.SpecializedKernel)
-    kernel.dependent, kernel.kind = dependent, "driver"
-    kernel._function_in_current_context = lambda lib: function
+    kernel.dependent, kernel.launcher = dependent, "driver"
+    kernel._function_in_current_context = lambda: function
     return kernel, fake
 
 
 def _check_launch(call, dependent, function, grid, block, stream, flat):
     """One recorded launch: its entry point, dimensions, stream and parameter block."""
-    assert call[0] == ("ex" if dependent else "plain")
+    assert call[0] == "ex"
     dims = (tuple(grid) + (1, 1))[:3] + (tuple(block) + (1, 1))[:3]
     assert call[1:5] == (function, dims, 0, stream)
     pointers = (ctypes.c_uint64 * len(flat)).from_address(call[5])
     assert [ctypes.c_int64.from_address(p).value for p in pointers] == flat
-    if dependent:
-        assert call[6:] == (1, _PROGRAMMATIC_STREAM_SERIALIZATION, 1)
+    assert call[6] == 0  # no extra
+    assert call[7] == ([(6, 1)] if dependent else [])
 
 
 @pytest.mark.parametrize("dependent", [False, True])
@@ -120,3 +135,16 @@ def test_an_unprepared_driver_launch_passes_its_parameters(monkeypatch, dependen
         kernel.launch_flat(grid, block, stream, flat)
         _check_launch(fake.calls[-1], dependent, 55, grid, block, stream, flat)
     assert len(fake.calls) == 2
+
+
+def test_a_failed_driver_launch_raises(monkeypatch):
+    from cuda.bindings import driver
+
+    kernel, fake = _driver_kernel(monkeypatch, True, 1)
+    monkeypatch.setattr(driver, "cuLaunchKernelEx",
+                        lambda *args: (driver.CUresult.CUDA_ERROR_INVALID_VALUE,))
+    monkeypatch.setattr(driver, "cuGetErrorString",
+                        lambda err: (driver.CUresult.CUDA_SUCCESS, b"invalid argument"))
+    with pytest.raises(RuntimeError, match=r"^cuLaunchKernelEx failed: invalid argument "
+                                           r"\(CUresult 1\)$"):
+        kernel.prepare((1,), (32,), [0])(5)

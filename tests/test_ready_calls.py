@@ -67,5 +67,5 @@ def test_steps_run_in_order_and_are_kept_only_without_the_callers_arrays():
 
 
 def test_numba_launcher_prepares_nothing():
-    kernel = SpecializedKernel(None, (), kind="numba")
+    kernel = SpecializedKernel(None, (), launcher="numba")
     assert kernel.prepare((1,), (32,), ()) is None
