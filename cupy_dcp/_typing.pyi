@@ -19,6 +19,8 @@ Stream = Any
 # An mpi4py communicator (mpi4py.MPI.Comm).
 MPIComm = Any
 Backend = Literal["auto", "nccl", "mpi"]
+# A direct call's transfer (DcpDirectPlan's protocols=).
+DirectProtocol = Literal["tiles", "words", "lines"]
 # A strategy that a script adds to ``cupy_dcp.bench.run``:
 # make(comm, args, B, dtype, stream) -> (fn, close), or None where it cannot run.
 CaseMaker = Callable[[Communicator, argparse.Namespace, int, Any, Stream],
