@@ -98,7 +98,7 @@ def main(argv=None):
             plan.check()
             noted = cupy.asnumpy(state)
             epoch = int(noted[0])
-            tile_rows, grid, _ = plan._call_grid(B)
+            tile_rows, grid = plan._call_grid(B)[:2]
             calls = noted[kernels.STATE_WORDS:].reshape(2, most, kernels.TRACE_STAMPS)
             lines = [f"rank {world.rank} B={B}: graph replay {median:.2f} us per call, "
                      f"{grid} blocks of {tile_rows} rows"]

@@ -20,10 +20,10 @@ from . import _settings
 from .layout import as_dtype, bits_dtype, lse_pack_dim
 from .kernels._launch import choose_launcher
 from .kernels._arrays import dummy_index, kernel_array
-from .kernels.combine import combine_kind, combine_launch
+from .kernels.combine import combine_codec, combine_launch
 from .kernels._rows import WARP
-from .kernels.direct import (COMBINE, PUSH, STATE_WORDS, WARPS, call_kernels, direct_launch,
-                             window_layout)
+from .kernels.direct import (COMBINE, PUSH, STATE_WORDS, WARPS, Protocol, call_kernels,
+                             direct_launch, window_layout)
 from .kernels.pack import pack_launch
 
 SHAPES = [(128, 512), (64, 128)]
@@ -116,7 +116,7 @@ def run_kernels(args):
     n = 2
     dtype = as_dtype(args.dtype)
     bits = bits_dtype(dtype)
-    value = combine_kind(dtype)[1]
+    value = combine_codec(dtype)[1]
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         memcpy, vector = copy_bandwidth(cupy, stream)
@@ -193,8 +193,8 @@ def _direct_round(cupy, stream, args, dtype, B, n=2):
 
     # every rank's blocks resident at once, in tiles and word by word (each its kernel)
     resident = [min(k.resident_blocks(WARP * WARPS) for k in call_kernels(dtype, n, bits, D,
-                                                                          word_by_word=w))
-                for w in (False, True)]
+                                                                          protocol=protocol))
+                for protocol in (Protocol.TILES, Protocol.WORDS)]
     calls = [launch(r) for r in range(n)]
     forks = [cupy.cuda.Event(disable_timing=True) for _ in range(n)]
 
@@ -224,7 +224,7 @@ def _direct_round(cupy, stream, args, dtype, B, n=2):
     parts = [push_us, series_us - push_us]
     send = cupy.zeros(layout.slots_shape[1:], dtype=bits)  # [N, B, H/N, width]
     recv = cupy.zeros_like(send)
-    value = combine_kind(dtype)[1]
+    value = combine_codec(dtype)[1]
     pk = pack_launch(kernel_array(x, bits), kernel_array(lse, np.uint32), dummy_index(),
                      dummy_index(), -1, kernel_array(send, bits), kernel_array(recv, bits), 0)
     ck = combine_launch(dtype, kernel_array(recv, bits), kernel_array(outs[0], value), None, True)

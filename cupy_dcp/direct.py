@@ -46,7 +46,7 @@ import numpy as np
 from .layout import c_strides, lse_pack_dim
 from .kernels._launch import DeviceArray
 from .kernels._rows import WARP
-from .kernels.direct import (PEER_FAILED, STATE_WORDS, TIMED_OUT, WARPS, call_kernels,
+from .kernels.direct import (PEER_FAILED, STATE_WORDS, TIMED_OUT, WARPS, Protocol, call_kernels,
                              direct_launch, line_rows, region_grid, window_layout)
 from . import _settings
 from .plan import DcpA2APlan, PlanSettings, _Plan, _ready_steps
@@ -296,8 +296,8 @@ class DcpDirectPlan(_Plan):
             return None
         return [min(k.resident_blocks(WARP * WARPS)
                     for k in call_kernels(self.dtype, n, self.bits, self.head_dim,
-                                          device.dependent, **path))
-                for path in ({}, dict(word_by_word=True), dict(lines=True))]
+                                          device.dependent, protocol))
+                for protocol in (Protocol.TILES, Protocol.WORDS, Protocol.LINES)]
 
     @property
     def timeout(self):
@@ -317,8 +317,8 @@ class DcpDirectPlan(_Plan):
             line_max_blocks=self._line_max_blocks))
 
     def _call_grid(self, tokens):
-        """``(tile_rows, blocks, push_blocks)`` of a call of ``tokens`` tokens, as its
-        launch cuts it (``push_blocks``: WORDS, LINES, or in tiles)."""
+        """The ``CallGrid`` (tile rows, blocks, pushing blocks, protocol) of a call of
+        ``tokens`` tokens, as its launch cuts it."""
         rank = self.comm.rank
         return region_grid(self.comm.world_size, tokens * self.local_heads, self._lls[rank].shape,
                            self._line_regions[rank].shape, self._max_blocks,

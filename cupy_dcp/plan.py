@@ -27,7 +27,7 @@ from .kernels._launch import DeviceArray, choose_launcher
 from .kernels._rows import lanes_per_row
 from .kernels.agrs import (correct_kernel, correct_launch, finish_kernel, finish_launch,
                            mask_kernel, mask_launch)
-from .kernels.combine import combine_kernel, combine_kind, combine_launch
+from .kernels.combine import combine_kernel, combine_codec, combine_launch
 from .kernels.pack import pack_kernel, pack_launch
 
 __all__ = ["DcpA2APlan", "DcpAgRsPlan"]
@@ -108,7 +108,7 @@ class _Plan:
         self.return_lse = settings.return_lse
         self.base_e = settings.is_lse_base_on_e
         self.bits = bits_dtype(settings.dtype)
-        self._value = combine_kind(settings.dtype)[1]
+        self._value = combine_codec(settings.dtype)[1]
         device = self._prepare_device(settings) if comm.world_size > 1 else None
         import cupy
 

@@ -7,7 +7,7 @@ from .comm import as_communicator
 from .layout import bits_dtype, round_from_float64, send_buffer_shape
 from .kernels import (agrs_correct_host, agrs_lse_host, combine_host, mask_lse_host,
                       pack_host)
-from .reference import unpack_reference
+from .kernels._format import split_packed
 
 __all__ = ["dcp_a2a_lse_reduce", "dcp_ag_rs_lse_reduce"]
 
@@ -150,7 +150,7 @@ def _a2a_host(x, lse32, comm, base_e, seq_lens, query_start_loc, dtype):
     recv = np.empty_like(send)
     pack_host(x.view(ubits), lse32.view(np.uint32), send, seq_lens, query_start_loc)
     comm.alltoall_host(send, recv)
-    parts, lses = unpack_reference(recv.view(dtype), D)
+    parts, lses = split_packed(recv.view(dtype), D)
     acc = np.empty((B, H // n, D), dtype=np.float64)
     global_lse = np.empty((B, H // n), dtype=np.float64)
     combine_host(parts.astype(np.float32), lses, acc, global_lse, base_e)

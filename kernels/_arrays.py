@@ -11,7 +11,7 @@ arrays stand for device arrays.
 import numpy as np
 from numba import config, cuda
 
-from ..layout import c_strides
+from ._format import c_strides
 from ._launch import DeviceArray
 
 __all__ = ["as_cupy", "cupy_stream", "dummy_index", "kernel_array", "pointer_device", "stream_ptr"]

@@ -13,13 +13,16 @@ always the canonical float32 one, which both turn into ``0x7FFF``.
 """
 
 import functools
+from types import SimpleNamespace
 
 import numpy as np
 from numba import config, cuda, float32, int32, types, uint32
 
-from ._math import build_bits, build_math, build_mask
+from ._math import build_bits, build_math, build_mask, build_row_weights
 
-__all__ = ["device_functions"]
+__all__ = ["device_functions", "inline_device", "row_weights_of"]
+
+inline_device = cuda.jit(device=True, inline="always")  # inlined at Numba's IR level
 
 
 @functools.cache
@@ -65,6 +68,13 @@ def device_functions():
     funcs.update(as_float=as_float, as_bits=as_bits, pack_bf16x2=pack_bf16x2,
                  row_is_empty=build_mask(jit))
     return funcs
+
+
+def row_weights_of(lse_of, own_first=False):
+    """The float32 weights of a row whose shard k's LSE is ``lse_of(lses, k)`` (an
+    :data:`inline_device` function): :func:`_math.build_row_weights`, inlined."""
+    return build_row_weights(SimpleNamespace(**device_functions()), inline_device, lse_of,
+                             own_first)
 
 
 def _pack_bf16x2():

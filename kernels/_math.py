@@ -28,7 +28,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-__all__ = ["NEG_INF_BITS", "build_bits", "build_mask", "build_math"]
+__all__ = ["NEG_INF_BITS", "build_bits", "build_mask", "build_math", "build_row_weights"]
 
 NEG_INF_BITS = 0xFF800000
 _LN2 = math.log(2.0)
@@ -98,6 +98,51 @@ def build_math(ftype, jit):
         clean_lse=clean_lse, finish_max=finish_max, lse_exp=lse_exp,
         lse_log=lse_log, inverse_total=inverse_total, global_lse=global_lse,
         shard_weight=shard_weight, zero=zero, neg_inf=neg_inf)
+
+
+def build_row_weights(math, inline_jit, lse_of, own_first=False):
+    """Compile, with ``inline_jit`` (a decorator that inlines at Numba's IR level:
+    ``inline="always"``, so the weights cost no call), the weights of one row from
+    ``math`` (:func:`build_math`): ``row_weights(lses, count, base_e) -> (m,
+    inv_total, total)``, ``m`` the rows' max LSE (0 when every shard is empty),
+    ``total`` the sum of ``exp(l - m)`` and ``inv_total`` its inverse (0 when 0),
+    over the shards ``k < count`` whose LSE is ``lse_of(lses, k)`` (an inlined
+    function too), in that order. ``own_first``: ``row_weights(lses, own, me,
+    count, base_e)`` instead, its own shard's LSE ``own`` first and then every
+    shard ``k != me``; the weights are the same, the sums' rounding follows the
+    order. Every kernel (host twins, combine, AG+RS, every direct protocol) takes
+    its weights from here: the shard weight is then ``math.shard_weight(l, m,
+    inv_total, base_e)`` and the global LSE ``math.global_lse(total, m, base_e)``.
+    """
+    clean_lse, finish_max, lse_exp = math.clean_lse, math.finish_max, math.lse_exp
+    inverse_total, zero, neg_inf = math.inverse_total, math.zero, math.neg_inf
+
+    if own_first:
+        @inline_jit
+        def row_weights(lses, own, me, count, base_e):
+            m = clean_lse(own)
+            for p in range(count):
+                if p != me:
+                    m = max(m, clean_lse(lse_of(lses, p)))
+            m = finish_max(m)
+            total = lse_exp(clean_lse(own) - m, base_e)
+            for p in range(count):
+                if p != me:
+                    total += lse_exp(clean_lse(lse_of(lses, p)) - m, base_e)
+            return m, inverse_total(total), total
+    else:
+        @inline_jit
+        def row_weights(lses, count, base_e):
+            m = neg_inf
+            for r in range(count):
+                m = max(m, clean_lse(lse_of(lses, r)))
+            m = finish_max(m)
+            total = zero
+            for r in range(count):
+                total += lse_exp(clean_lse(lse_of(lses, r)) - m, base_e)
+            return m, inverse_total(total), total
+
+    return row_weights
 
 
 def build_bits(jit):

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 from numba import config
 
-from ..layout import SUPPORTED_DTYPES, as_dtype, bits_dtype, check_heads, lse_pack_dim
+from ._format import SUPPORTED_DTYPES, as_dtype, bits_dtype, check_heads, lse_pack_dim
 
 __all__ = ["check_combine_args", "check_pack_args"]
 

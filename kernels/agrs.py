@@ -14,41 +14,38 @@ import numpy as np
 from numba import cuda, float32
 from numba.core import types
 
-from ..layout import as_dtype
+from ._format import as_dtype
 from ._arrays import kernel_array, stream_ptr
-from ._device import device_functions
+from ._device import device_functions, inline_device, row_weights_of
 from ._launch import DeviceArray, SpecializedKernel, array_type
 from ._rows import UNROLL, lanes_per_row, row_cursor, row_grid
-from .combine import _codecs, combine_kind
+from .combine import codec_functions, combine_codec
 
 __all__ = ["agrs_correct", "agrs_finish", "correct_kernel", "correct_launch", "finish_kernel",
            "finish_launch", "mask_kernel", "mask_launch"]
 
 
-def _row_weights(f):
+@functools.cache
+def _row_weights():
     """Device function: ``(m, inv_total, total)`` of a row from its N gathered LSEs."""
-    clean_lse, finish_max, lse_exp = f["clean_lse"], f["finish_max"], f["lse_exp"]
-    inverse_total, zero, neg_inf = f["inverse_total"], f["zero"], f["neg_inf"]
+    @inline_device
+    def gathered(lses, r):
+        return lses[r]
+
+    weigh = row_weights_of(gathered)
 
     @cuda.jit(device=True)
     def row_weights(lses, base_e):
-        m = neg_inf
-        for r in range(lses.shape[0]):
-            m = max(m, clean_lse(lses[r]))
-        m = finish_max(m)
-        total = zero
-        for r in range(lses.shape[0]):
-            total += lse_exp(clean_lse(lses[r]) - m, base_e)
-        return m, inverse_total(total), total
+        return weigh(lses, lses.shape[0], base_e)
 
     return row_weights
 
 
 @functools.cache
-def _correct_kernel(kind, group):
+def _correct_kernel(codec, group):
     f = device_functions()
-    _, _, decode, _, _ = _codecs(kind)
-    row_weights, shard_weight, zero = _row_weights(f), f["shard_weight"], f["zero"]
+    _, _, decode, _, _ = codec_functions(codec)
+    row_weights, shard_weight, zero = _row_weights(), f["shard_weight"], f["zero"]
     u64 = np.uint64
     u_group, u_step = u64(group), u64(group * UNROLL)
     cursor = row_cursor()
@@ -89,10 +86,10 @@ def _correct_kernel(kind, group):
 
 
 @functools.cache
-def _finish_kernel(kind, group):
+def _finish_kernel(codec, group):
     f = device_functions()
-    _, _, _, _, encode = _codecs(kind)
-    row_weights, global_lse = _row_weights(f), f["global_lse"]
+    _, _, _, _, encode = codec_functions(codec)
+    row_weights, global_lse = _row_weights(), f["global_lse"]
     u64 = np.uint64
     u_group, u_step = u64(group), u64(group * UNROLL)
     cursor = row_cursor()
@@ -173,24 +170,24 @@ def mask_launch(lse, seq_lens, query_start_loc, num_seqs, out):
 
 @functools.cache
 def correct_kernel(dtype, group):
-    kind, value = combine_kind(dtype)
+    codec, value = combine_codec(dtype)
     i64 = types.int64
-    return SpecializedKernel(_correct_kernel(kind, group), (
+    return SpecializedKernel(_correct_kernel(codec, group), (
         array_type(value, 3, False), array_type(np.float32, 3, True), i64, i64,
         array_type(np.float32, 4, True)))
 
 
 @functools.cache
 def finish_kernel(dtype, group):
-    kind, value = combine_kind(dtype)
+    codec, value = combine_codec(dtype)
     i64 = types.int64
-    return SpecializedKernel(_finish_kernel(kind, group), (
+    return SpecializedKernel(_finish_kernel(codec, group), (
         array_type(np.float32, 3, True), array_type(np.float32, 3, True), i64, i64, i64,
         array_type(value, 3, False), array_type(np.float32, 2, False)))
 
 
 def correct_launch(dtype, data, lses, self_rank, is_lse_base_on_e, corrected):
-    """``(kernel, grid, block, args)``: ``data [B, H, D]`` (seen as the kind's values),
+    """``(kernel, grid, block, args)``: ``data [B, H, D]`` (seen as the codec's values),
     gathered ``lses [N, B, H]`` float32 -> ``corrected [N, B, H/N, D]`` float32."""
     lses.require_c_contiguous("lses")
     corrected.require_c_contiguous("corrected")
@@ -206,7 +203,7 @@ def correct_launch(dtype, data, lses, self_rank, is_lse_base_on_e, corrected):
 
 def finish_launch(dtype, summed, lses, self_rank, is_lse_base_on_e, out, out_lse=None):
     """``(kernel, grid, block, args)``: ``summed [B, H/N, D]`` float32 -> ``out`` (seen as
-    the kind's values, any strides), and the global LSE into ``out_lse`` if given."""
+    the codec's values, any strides), and the global LSE into ``out_lse`` if given."""
     summed.require_c_contiguous("summed")
     lses.require_c_contiguous("lses")
     if tuple(out.shape) != tuple(summed.shape) or lses.shape[1] != summed.shape[0] or \
@@ -235,7 +232,7 @@ def agrs_correct(data, lses, self_rank, corrected, is_lse_base_on_e=True, stream
         stream: the stream to run on; ``None`` is CuPy's current stream.
     """
     dtype = as_dtype(data.dtype)
-    _, value = combine_kind(dtype)
+    _, value = combine_codec(dtype)
     kernel, grid, block, args = correct_launch(
         dtype, kernel_array(data, value, "data"), kernel_array(lses, np.float32, "lses"),
         self_rank, is_lse_base_on_e, kernel_array(corrected, np.float32, "corrected"))
@@ -248,7 +245,7 @@ def agrs_finish(summed, lses, self_rank, out, out_lse=None, is_lse_base_on_e=Tru
     (``[B, H/N, D]``, any strides) and the global LSE of this rank's heads into
     ``out_lse [B, H/N]`` (float32), from every rank's ``lses [N, B, H]``."""
     dtype = as_dtype(out.dtype)
-    _, value = combine_kind(dtype)
+    _, value = combine_codec(dtype)
     lse_arr = None if out_lse is None else kernel_array(out_lse, np.float32, "out_lse")
     kernel, grid, block, args = finish_launch(
         dtype, kernel_array(summed, np.float32, "summed"), kernel_array(lses, np.float32, "lses"),

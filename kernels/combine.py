@@ -19,14 +19,15 @@ from numba import cuda, float32, uint32
 
 from numba.core import types
 
-from ..layout import BFLOAT16
+from ._format import BFLOAT16, LSE_HALF_BITS, LSE_HALF_MASK
 from ._arrays import kernel_array, stream_ptr
-from ._device import device_functions
+from ._device import device_functions, inline_device, row_weights_of
 from ._launch import DeviceArray, SpecializedKernel, array_type
 from ._rows import UNROLL, WARP, lanes_per_row, row_cursor, row_grid
 from ._specs import check_combine_args
 
-__all__ = ["combine_kernel", "combine_kind", "combine_launch", "unpack_combine"]
+__all__ = ["codec_functions", "combine_codec", "combine_kernel", "combine_launch", "lane_weights",
+           "row_accumulator", "unpack_combine"]
 
 
 _F32, _F16, _BF16, _BF16X2 = "float32", "float16", "bfloat16", "bfloat16x2"
@@ -34,18 +35,19 @@ RAW = {_F32: np.float32, _F16: np.float16, _BF16: np.uint16, _BF16X2: np.uint32}
 
 
 @functools.cache
-def _codecs(kind):
+def codec_functions(codec):
     """Device functions that decode the low and high value of a loaded word, encode
     one output word from two accumulators, and read one shard's LSE."""
     f = device_functions()
     as_float, as_bits = f["as_float"], f["as_bits"]
     bf16_to_f32_bits, f32_to_bf16_bits = f["bf16_to_f32_bits"], f["f32_to_bf16_bits"]
     low16, high16, sixteen = np.uint32(0xFFFF), np.uint32(0xFFFF0000), np.uint32(16)
+    lse_mask, lse_shift = np.uint32(LSE_HALF_MASK), np.uint32(LSE_HALF_BITS)
     jit = cuda.jit(device=True)
 
     # ``lse_lanes(vals, bits, b, h, width)`` gives the row's LSE lanes as views over the
     # ranks (the low and high half for 16-bit outputs); ``load_lse(low, high, r)`` reads one.
-    if kind in (_F32, _BF16X2):
+    if codec in (_F32, _BF16X2):
         @jit
         def lse_lanes(vals, bits, b, h, width):
             lanes = vals[:, b, h, width - 1]
@@ -55,7 +57,7 @@ def _codecs(kind):
         def lse_lanes(vals, bits, b, h, width):
             return bits[:, b, h, width - 2], bits[:, b, h, width - 1]
 
-    if kind == _F32:
+    if codec == _F32:
         @jit
         def load_lse(low, high, r):
             return low[r]
@@ -67,7 +69,7 @@ def _codecs(kind):
         @jit
         def encode(lo, hi):
             return lo
-    elif kind == _BF16X2:  # one uint32 word: two bfloat16 values, or the LSE's bits
+    elif codec == _BF16X2:  # one uint32 word: two bfloat16 values, or the LSE's bits
         @jit
         def load_lse(low, high, r):
             return as_float(uint32(low[r]))
@@ -82,9 +84,10 @@ def _codecs(kind):
     else:
         @jit
         def load_lse(low, high, r):
-            return as_float(uint32((uint32(low[r]) & low16) | ((uint32(high[r]) & low16) << sixteen)))
+            return as_float(uint32((uint32(low[r]) & lse_mask)
+                                   | ((uint32(high[r]) & lse_mask) << lse_shift)))
 
-        if kind == _F16:
+        if codec == _F16:
             @jit
             def decode_lo(x):
                 return float32(x)
@@ -109,7 +112,22 @@ def _codecs(kind):
 
 
 @functools.cache
-def row_accumulator(kind, group=WARP, unroll=UNROLL):
+def lane_weights(codec, own_first=False):
+    """The weights of a row (``_math.build_row_weights``, inlined) from its LSE lanes
+    ``lanes = (low, high)`` as :func:`codec_functions`' ``lse_lanes`` gives them:
+    ``row_weights(lanes, count, base_e)``, or ``row_weights(lanes, own, me, count,
+    base_e)`` where ``own_first``."""
+    load_lse = codec_functions(codec)[1]
+
+    @inline_device
+    def lane_lse(lanes, r):
+        return load_lse(lanes[0], lanes[1], r)
+
+    return row_weights_of(lane_lse, own_first)
+
+
+@functools.cache
+def row_accumulator(codec, group=WARP, unroll=UNROLL):
     """Device functions ``load_two(first, second, src0, src1, base, d_count)``
     (two shards' values into ``first`` and ``second``, every load issued before
     any is used), ``add_weighted(acc, first, second, w0, w1, base, d_count)``
@@ -118,8 +136,8 @@ def row_accumulator(kind, group=WARP, unroll=UNROLL):
     (the accumulators rounded once into the output), for this lane's ``unroll``
     elements from ``base`` in steps of ``group``. Shared by the combine kernels.
     """
-    _, _, decode_lo, decode_hi, encode = _codecs(kind)
-    pairs = kind == _BF16X2  # each element is a word of two values
+    _, _, decode_lo, decode_hi, encode = codec_functions(codec)
+    pairs = codec == _BF16X2  # each element is a word of two values
     zero = device_functions()["zero"]
     u64 = np.uint64
     u_group = u64(group)
@@ -157,15 +175,14 @@ def row_accumulator(kind, group=WARP, unroll=UNROLL):
 
 
 @functools.cache
-def _combine_kernel(kind, group=WARP, unroll=UNROLL):
+def _combine_kernel(codec, group=WARP, unroll=UNROLL):
     f = device_functions()
     accumulators = 2 * unroll  # low and high value of each word in pairs mode
-    lse_lanes, load_lse = _codecs(kind)[:2]
-    load_two, add_weighted, store_row = row_accumulator(kind, group, unroll)
-    raw = RAW[kind]
-    clean_lse, finish_max, lse_exp = f["clean_lse"], f["finish_max"], f["lse_exp"]
-    inverse_total, global_lse, shard_weight = f["inverse_total"], f["global_lse"], f["shard_weight"]
-    zero, neg_inf = f["zero"], f["neg_inf"]
+    lse_lanes, load_lse = codec_functions(codec)[:2]
+    load_two, add_weighted, store_row = row_accumulator(codec, group, unroll)
+    raw = RAW[codec]
+    row_weights = lane_weights(codec)
+    global_lse, shard_weight, zero = f["global_lse"], f["shard_weight"], f["zero"]
     step = group * unroll
     cursor = row_cursor()
 
@@ -202,14 +219,7 @@ def _combine_kernel(kind, group=WARP, unroll=UNROLL):
                     load_two(first, second, vals[r, b, h], vals[r1, b, h], base, d_count)
                     if not weighed:  # the row's LSEs load while the partials do (lane 0
                         # always gets here: D >= 1)
-                        m = neg_inf
-                        for q in range(n):
-                            m = max(m, clean_lse(load_lse(low, high, q)))
-                        m = finish_max(m)
-                        total = zero
-                        for q in range(n):
-                            total += lse_exp(clean_lse(load_lse(low, high, q)) - m, base_e)
-                        inv_total = inverse_total(total)
+                        m, inv_total, total = row_weights((low, high), n, base_e)
                         if write_lse and lane == 0:
                             out_lse[b, h] = global_lse(total, m, base_e)
                         weighed = True
@@ -226,8 +236,9 @@ def _combine_kernel(kind, group=WARP, unroll=UNROLL):
     return combine
 
 
-def combine_kind(dtype, pairs=False):
-    """The kernel kind for output ``dtype`` and the dtype it sees values as.
+def combine_codec(dtype, pairs=False):
+    """The codec (how the kernels decode and encode values) for output ``dtype``,
+    and the dtype it sees values as.
 
     ``pairs``: bfloat16 read and written as uint32 words of two values (when
     ``D`` is even and the output's rows are contiguous and 4-byte aligned).
@@ -248,12 +259,12 @@ def combine_kind(dtype, pairs=False):
 def combine_kernel(dtype, pairs=False, group=WARP):
     """The combine kernel specialised for output ``dtype`` (and bfloat16 pairs) and
     ``group`` lanes per row."""
-    kind, value = combine_kind(dtype, pairs)
+    codec, value = combine_codec(dtype, pairs)
     bits = np.dtype(np.uint32 if value.itemsize == 4 else np.uint16)
     i64 = types.int64
     argtypes = (array_type(value, 4, True), array_type(bits, 4, True),
                 array_type(value, 3, False), array_type(np.float32, 2, False), i64, i64)
-    return SpecializedKernel(_combine_kernel(kind, group), argtypes)
+    return SpecializedKernel(_combine_kernel(codec, group), argtypes)
 
 
 def unpack_combine(recv, out, out_lse=None, is_lse_base_on_e=True, stream=None):
@@ -273,7 +284,7 @@ def unpack_combine(recv, out, out_lse=None, is_lse_base_on_e=True, stream=None):
     spec = check_combine_args(recv, out, out_lse)
     if spec.tokens == 0:
         return
-    _, value = combine_kind(spec.dtype)
+    _, value = combine_codec(spec.dtype)
     lse_arr = None if out_lse is None else kernel_array(out_lse, np.float32, "out_lse")
     kernel, grid, block, args = combine_launch(
         spec.dtype, kernel_array(recv, spec.bits, "recv"), kernel_array(out, value, "out"),
@@ -283,21 +294,21 @@ def unpack_combine(recv, out, out_lse=None, is_lse_base_on_e=True, stream=None):
 
 def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e):
     """``(kernel, grid, block, args)`` of one combine, for ``recv_bits`` (the receive
-    buffer seen as bits), ``out`` (seen as the kind's values) and optional
+    buffer seen as bits), ``out`` (seen as the codec's values) and optional
     ``out_lse``; bfloat16 goes in pairs (uint32 words) where both buffers allow it.
     """
-    kind, value = combine_kind(dtype)
+    codec, value = combine_codec(dtype)
     recv_bits.require_c_contiguous("recv")
     recv_vals = recv_bits.view(value)
-    if kind == _BF16:
+    if codec == _BF16:
         recv_words, out_words = recv_bits.as_words(), out.as_words()
         if recv_words is not None and out_words is not None:
-            kind, recv_vals, recv_bits, out = _BF16X2, recv_words, recv_words, out_words
+            codec, recv_vals, recv_bits, out = _BF16X2, recv_words, recv_words, out_words
     write_lse = out_lse is not None
     if not write_lse:  # never read: a placeholder of the right type
         out_lse = DeviceArray(out.ptr, (0, 0), (4, 4), np.float32, out.owner)
     group = lanes_per_row(out.shape[2])
     grid, block = row_grid(out.shape[0] * out.shape[1], group)
-    kernel = combine_kernel(dtype, kind == _BF16X2, group)
+    kernel = combine_kernel(dtype, codec == _BF16X2, group)
     return kernel, grid, block, (recv_vals, recv_bits, out, out_lse, int(write_lse),
                                  int(bool(is_lse_base_on_e)))

@@ -10,7 +10,8 @@ import functools
 import numpy as np
 from numba import njit, prange
 
-from ._math import NEG_INF_BITS, build_mask, build_math
+from ._format import LSE_HALF_BITS, LSE_HALF_MASK
+from ._math import NEG_INF_BITS, build_mask, build_math, build_row_weights
 
 __all__ = ["agrs_correct_host", "agrs_lse_host", "combine_host", "mask_lse_host", "pack_host"]
 
@@ -22,33 +23,31 @@ PARALLEL_MIN_ELEMENTS = 1 << 21  # below this, threads cost more than they save
 
 @functools.cache
 def _host_math():
-    """The shared row math in float64, and ``row_stats(lses_of_row) -> (m, total)``."""
+    """The shared row math in float64, and ``row_weights(lses_of_row) -> (m,
+    inv_total, total)`` (``_math.build_row_weights``)."""
     jit = njit(cache=False, error_model="numpy")
     m = build_math(np.float64, jit)
-    clean_lse, finish_max, lse_exp, zero, neg_inf = (
-        m.clean_lse, m.finish_max, m.lse_exp, m.zero, m.neg_inf)
+    inline = njit(cache=False, error_model="numpy", inline="always")
+
+    @inline
+    def gathered(lses, r):
+        return np.float64(lses[r])
+
+    weigh = build_row_weights(m, inline, gathered)
 
     @jit
-    def row_stats(lses, base_e):
-        top = neg_inf
-        for r in range(lses.shape[0]):
-            top = max(top, clean_lse(np.float64(lses[r])))
-        top = finish_max(top)
-        total = zero
-        for r in range(lses.shape[0]):
-            total += lse_exp(clean_lse(np.float64(lses[r])) - top, base_e)
-        return top, total
+    def row_weights(lses, base_e):
+        return weigh(lses, lses.shape[0], base_e)
 
-    return m, build_mask(jit), row_stats
+    return m, build_mask(jit), row_weights
 
 
 @functools.cache
 def _compiled(parallel):
-    m, row_is_empty, row_stats = _host_math()
+    m, row_is_empty, row_weights = _host_math()
     neg_inf_bits = np.uint32(NEG_INF_BITS)
-    low16, sixteen = np.uint32(0xFFFF), np.uint32(16)
-    inverse_total, global_lse, shard_weight = m.inverse_total, m.global_lse, m.shard_weight
-    zero = m.zero
+    lse_mask, lse_shift = np.uint32(LSE_HALF_MASK), np.uint32(LSE_HALF_BITS)
+    global_lse, shard_weight, zero = m.global_lse, m.shard_weight, m.zero
 
     @njit(parallel=parallel, error_model="numpy")
     def pack(data, lse_bits, seq_lens, query_start_loc, num_seqs, send):
@@ -67,8 +66,8 @@ def _compiled(parallel):
             if width - d_count == 1:
                 send[r, b, h, d_count] = bits
             else:
-                send[r, b, h, d_count] = bits & low16
-                send[r, b, h, d_count + 1] = bits >> sixteen
+                send[r, b, h, d_count] = bits & lse_mask
+                send[r, b, h, d_count + 1] = bits >> lse_shift
 
     @njit(parallel=parallel, error_model="numpy")
     def combine(parts, lses, out, out_lse, base_e):
@@ -76,8 +75,7 @@ def _compiled(parallel):
         for row in prange(b_count * hn):
             b = row // hn
             h = row % hn
-            m, total = row_stats(lses[:, b, h], base_e)
-            inv_total = inverse_total(total)
+            m, inv_total, total = row_weights(lses[:, b, h], base_e)
             out_lse[b, h] = global_lse(total, m, base_e)
             for d in range(d_count):
                 out[b, h, d] = zero
@@ -123,9 +121,8 @@ def combine_host(parts, lses, out, out_lse, is_lse_base_on_e=True):
 
 @functools.cache
 def _compiled_agrs():
-    m, row_is_empty, row_stats = _host_math()
-    inverse_total, global_lse, shard_weight, zero = (
-        m.inverse_total, m.global_lse, m.shard_weight, m.zero)
+    m, row_is_empty, row_weights = _host_math()
+    global_lse, shard_weight, zero = m.global_lse, m.shard_weight, m.zero
 
     @njit(error_model="numpy")
     def mask(lse, seq_lens, query_start_loc, num_seqs):
@@ -138,9 +135,8 @@ def _compiled_agrs():
         n, b_count, hn, d_count = corrected.shape
         for b in range(b_count):
             for head in range(n * hn):
-                top, total = row_stats(lses[:, b, head], base_e)
-                w = shard_weight(np.float64(lses[self_rank, b, head]), top,
-                                 inverse_total(total), base_e)
+                top, inv_total, _ = row_weights(lses[:, b, head], base_e)
+                w = shard_weight(np.float64(lses[self_rank, b, head]), top, inv_total, base_e)
                 for d in range(d_count):
                     corrected[head // hn, b, head % hn, d] = w * data[b, head, d] if w != zero else zero
 
@@ -148,7 +144,7 @@ def _compiled_agrs():
     def local_lse(lses, self_rank, hn, base_e, out_lse):
         for b in range(out_lse.shape[0]):
             for h in range(hn):
-                top, total = row_stats(lses[:, b, self_rank * hn + h], base_e)
+                top, _, total = row_weights(lses[:, b, self_rank * hn + h], base_e)
                 out_lse[b, h] = global_lse(total, top, base_e)
 
     return mask, correct, local_lse

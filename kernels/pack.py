@@ -1,7 +1,7 @@
 """The pack kernel: partials and LSE bits into the packed send buffer.
 
 ``send[r, b, h, :D] = out[b, r*H/N + h, :]`` and the trailing ``P`` lanes carry
-the float32 LSE's bits (see ``cupy_dcp.layout``). The kernel copies bit
+the float32 LSE's bits (see ``_format``). The kernel copies bit
 patterns (uint16 or uint32), so one kernel serves every dtype.
 
 A group of lanes per (rank, token, head) row (see ``_rows``), which writes it
@@ -17,6 +17,7 @@ from numba.core import types
 
 from ._arrays import dummy_index, kernel_array, stream_ptr
 from ._device import device_functions
+from ._format import LSE_HALF_BITS, LSE_HALF_MASK
 from ._launch import SpecializedKernel, array_type
 from ._math import NEG_INF_BITS
 from ._rows import UNROLL, WARP, lanes_per_row, row_cursor, row_grid
@@ -63,7 +64,7 @@ def packed_row_steps(group=WARP, quads=False):
     vouches that ``D`` is a multiple of four and both rows are 16-byte aligned.
     """
     row_lse_bits = lse_bits_reader()
-    low16, sixteen = np.uint32(0xFFFF), np.uint32(16)
+    lse_mask, lse_shift = np.uint32(LSE_HALF_MASK), np.uint32(LSE_HALF_BITS)
     u64 = np.uint64
     u_group, u_step, u_one = u64(group), u64(group * UNROLL), u64(1)
     u_quad, u_quad_stride = u64(QUAD), u64(QUAD * group)
@@ -138,8 +139,8 @@ def packed_row_steps(group=WARP, quads=False):
             if width - d_count == u_one:
                 dst[d_count] = bits
             else:
-                dst[d_count] = bits & low16
-                dst[d_count + u_one] = (bits >> sixteen) & low16
+                dst[d_count] = bits & lse_mask
+                dst[d_count + u_one] = (bits >> lse_shift) & lse_mask
 
     return load_first_step, write_packed_row_from
 

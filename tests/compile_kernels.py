@@ -71,9 +71,9 @@ def kernels():
     import numpy as np
 
     from cupy_dcp.kernels import agrs, combine, direct, pack
+    from cupy_dcp.kernels._format import as_dtype
     sys.path.insert(0, str(ROOT))
     from benchmarks import bare_push
-    from cupy_dcp.layout import as_dtype
 
     found = []
 
@@ -99,7 +99,7 @@ def kernels():
         for path in ("tiles", "words", "lines"):
             for dependent in (False, True):
                 for i, k in enumerate(direct.call_kernels(dtype, n, bits, d, dependent,
-                                                          path == "words", path == "lines")):
+                                                          direct.Protocol(path))):
                     add(f"direct {dtype} N={n} D={d} {path}"
                         f"{' dependent' if dependent else ''} #{i} pushes "
                         f"{k.argtypes[1].dtype}", k)

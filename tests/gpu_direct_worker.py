@@ -107,10 +107,10 @@ def race(world, comm, count):
 
 def _path(plan, tokens):
     """How a call of ``tokens`` tokens of ``plan`` goes: as ``race`` names it."""
-    from cupy_dcp.kernels.direct import LINES, WORDS
+    from cupy_dcp.kernels.direct import Protocol
 
-    push_blocks = plan._call_grid(tokens)[2]
-    return {WORDS: "word by word", LINES: "in lines"}.get(push_blocks, "in tiles")
+    protocol = plan._call_grid(tokens).protocol
+    return {Protocol.WORDS: "word by word", Protocol.LINES: "in lines"}.get(protocol, "in tiles")
 
 
 def _inputs(rank, seed, dtype, D, H, tokens):

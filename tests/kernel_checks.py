@@ -219,7 +219,7 @@ class DirectRanks:
         self.states = [kernel_array(s, np.int64) for s in self.state_owners]
         self.statuses = [kernel_array(s, np.int64) for s in self.status_owners]
         self.extra_blocks = 0  # launched beyond the call's grid: blocks without a tile
-        self.paths = []  # each call's ``push_blocks``: WORDS, LINES, or in tiles (>= 0)
+        self.paths = []  # each call's Protocol
 
     def _mask(self, mask):
         from cupy_dcp.kernels._arrays import dummy_index, kernel_array
@@ -234,7 +234,8 @@ class DirectRanks:
              stream=None):
         """Rank r's call (``phases``: both by default) on ``stream``."""
         from cupy_dcp.kernels._arrays import kernel_array, stream_ptr
-        from cupy_dcp.kernels.direct import COMBINE, PUSH, direct_launch
+        from cupy_dcp.kernels._rows import WARP
+        from cupy_dcp.kernels.direct import COMBINE, PUSH, direct_launch, region_grid
 
         phases = PUSH | COMBINE if phases is None else phases
         kernel, grid, block, args = direct_launch(
@@ -245,7 +246,10 @@ class DirectRanks:
             None if out_lse is None else kernel_array(out_lse, np.float32), base_e, r,
             self.timeout_ns, self.max_blocks, phases, self.warps, lines=self.lines)
         self.last_args = args
-        self.paths.append(args[-3])
+        rows = x.shape[0] * self.windows[r].shape[3]  # the grid direct_launch cut
+        self.paths.append(region_grid(len(self.windows), rows, self.lls[r].shape,
+                                      self.lines[r].shape, self.max_blocks,
+                                      threads=WARP * self.warps).protocol)
         kernel((grid[0] + self.extra_blocks,), block, stream_ptr(stream), args)
 
     def push(self, r, x, lse, mask=None):
@@ -279,7 +283,7 @@ def check_direct(to_device, to_host, dtype, n, tokens, h, d, rng, base_e=True, h
     those of no more than ``line_rows`` in lines (``None``: as the plan's; 0:
     none; a tile in lines needs few enough rows, too: ``max_blocks``). ``epoch``:
     the calls the ranks' plans are taken to have made before. Returns the set of
-    the paths the calls took (``push_blocks``: WORDS, LINES, or >= 0 in tiles)."""
+    the paths the calls took (their ``Protocol``)."""
     hn = h // n
     ranks = DirectRanks(to_device, dtype, n, max(tokens), h, d, max_blocks=max_blocks,
                         warps=warps, ll_rows=ll_rows, line_rows=line_rows)

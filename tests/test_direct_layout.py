@@ -10,9 +10,9 @@ import itertools
 import numpy as np
 import pytest
 
-from cupy_dcp.kernels.direct import (LINE_BYTES, LINE_MAX_ROWS, LINE_TILE_ROWS, LINE_WORDS, LINES,
+from cupy_dcp.kernels.direct import (LINE_BYTES, LINE_MAX_ROWS, LINE_TILE_ROWS, LINE_WORDS,
                                      LL_MAX_ROWS, LL_TILE_ROWS, MIN_TILE_ROWS, SMALL_TILE_ROWS,
-                                     SPLIT_TILE_ROWS, TILES_PER_BLOCK, WARPS, WORDS, call_grid,
+                                     SPLIT_TILE_ROWS, TILES_PER_BLOCK, WARPS, Protocol, call_grid,
                                      direct_launch, flag_words, line_items, line_rows,
                                      line_tile_rows, line_words, ll_grid, ll_rows, ll_words,
                                      region_grid, row_stride, tile_grid, window_layout)
@@ -79,12 +79,13 @@ def test_word_by_word_calls(max_tokens, local_heads, max_blocks):
 @pytest.mark.parametrize("max_blocks", [1, 3, 66, 264])
 def test_call_grid_sends_small_tiles_word_by_word(capacity, max_blocks):
     for rows in range(1, 600):
-        tile_rows, blocks, push_blocks = call_grid(rows, capacity, max_blocks)
-        if push_blocks == -1:
+        tile_rows, blocks, push_blocks, protocol = call_grid(rows, capacity, max_blocks)
+        if protocol is Protocol.WORDS:
             assert rows <= capacity and tile_rows <= LL_TILE_ROWS
             assert (tile_rows, blocks) == ll_grid(rows, max_blocks)
         else:
             assert rows > capacity or ll_grid(rows, max_blocks)[0] > LL_TILE_ROWS
+            assert protocol is Protocol.TILES
             assert (tile_rows, blocks, push_blocks) == tile_grid(rows, max_blocks)
 
 
@@ -126,8 +127,8 @@ def test_the_lines_region_holds_what_a_call_in_lines_may_send(n, max_tokens, loc
     assert rows == expect
     most = line_tile_rows(n, line_words(width, itemsize), 32 * WARPS)
     for call in range(1, max_tokens * local_heads + 1, 7):
-        push_blocks = call_grid(call, 0, max_blocks, None, rows, most, max_blocks)[2]
-        assert (push_blocks == LINES) == (call <= rows), call
+        protocol = call_grid(call, 0, max_blocks, None, rows, most, max_blocks).protocol
+        assert (protocol is Protocol.LINES) == (call <= rows), call
 
 
 @pytest.mark.parametrize("max_blocks", [3, 66, 264])
@@ -138,14 +139,15 @@ def test_call_grid_sends_calls_in_lines_between_words_and_tiles(max_blocks, line
     else in tiles. The lines take a grid of their own blocks."""
     words, lines = 16, 1000
     for rows in range(1, 1200):
-        tile_rows, blocks, push_blocks = call_grid(rows, words, max_blocks, None, lines,
-                                                   line_max_rows, max_blocks - 1)
+        tile_rows, blocks, push_blocks, protocol = call_grid(rows, words, max_blocks, None, lines,
+                                                             line_max_rows, max_blocks - 1)
         if rows <= words and ll_grid(rows, max_blocks)[0] <= LL_TILE_ROWS:
-            assert push_blocks == WORDS
+            assert protocol is Protocol.WORDS
         elif rows <= lines and ll_grid(rows, max_blocks - 1)[0] <= line_max_rows:
-            assert push_blocks == LINES
+            assert protocol is Protocol.LINES
             assert (tile_rows, blocks) == ll_grid(rows, max_blocks - 1)
         else:
+            assert protocol is Protocol.TILES
             assert (tile_rows, blocks, push_blocks) == tile_grid(rows, max_blocks)
 
 

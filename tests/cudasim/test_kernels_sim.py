@@ -124,11 +124,11 @@ def test_direct_word_by_word_across_the_tag_wrap():
 def test_direct_word_by_word_with_several_items_per_thread(dtype):
     """Word-by-word tiles of more (row, pair) items than a block has threads (64): a
     thread's later items, some of them holding a row's LSE, are taken after its first."""
-    from cupy_dcp.kernels.direct import call_grid, ll_words
+    from cupy_dcp.kernels.direct import Protocol, call_grid, ll_words
 
     width_bytes = (40 + (1 if dtype.itemsize == 4 else 2)) * dtype.itemsize
-    tile_rows, _, push_blocks = call_grid(4 * 4, 16, 3)
-    assert push_blocks == -1 and tile_rows * ll_words(width_bytes, 1) // 2 > 64
+    tile_rows, _, _, protocol = call_grid(4 * 4, 16, 3)
+    assert protocol is Protocol.WORDS and tile_rows * ll_words(width_bytes, 1) // 2 > 64
     check_direct(ident, host, dtype, 2, [4, 3], 8, 40, np.random.default_rng(3), ll_rows=16)
 
 
@@ -141,22 +141,22 @@ def test_direct_in_lines(dtype, n, h, d):
     more rows than the lines region's 8 tokens), the slots' parities shared: exact,
     the LSE anywhere in a row (D = 40, 75: rows of two and three lines), B = 8 with
     more items than a block of 64 threads has threads."""
-    from cupy_dcp.kernels.direct import LINES, WORDS
+    from cupy_dcp.kernels.direct import Protocol
 
     paths = check_direct(ident, host, dtype, n, [3, 1, 2, 30, 8, 1, 5], h, d,
                          np.random.default_rng(n * d + 1), ll_rows=h // n, line_rows=8 * (h // n))
-    assert LINES in paths and WORDS in paths and any(p >= 0 for p in paths), paths
+    assert {Protocol.LINES, Protocol.WORDS, Protocol.TILES} <= paths, paths
 
 
 def test_direct_in_lines_with_every_item_held():
     """Tiles in lines whose blocks hold as many items as they can: four per thread
     (16 rows of 16 chunks on 64 threads), or fewer; other calls between them."""
-    from cupy_dcp.kernels.direct import LINES, line_tile_rows, line_words
+    from cupy_dcp.kernels.direct import Protocol, line_tile_rows, line_words
 
     assert line_tile_rows(2, line_words(41, 4), 64) == 16
     paths = check_direct(ident, host, np.dtype(np.float32), 2, [24, 20, 23, 24], 4, 40,
                          np.random.default_rng(24), ll_rows=0, line_rows=None)
-    assert paths == {LINES}
+    assert paths == {Protocol.LINES}
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -270,8 +270,8 @@ def test_direct_trace_notes_each_block_milestones_in_order(monkeypatch, b, ll_ro
         ranks.state_owners[r] = np.zeros(words, np.int64)
         ranks.states[r] = kernel_array(ranks.state_owners[r], np.int64)
     _one_exact_float32_call(ranks, n, b, h, d, np.random.default_rng(2))
-    push_blocks = getattr(kernels, path) if path else 0  # in tiles: a small call
-    assert ranks.paths == [push_blocks] * 2 * n
+    assert ranks.paths == [kernels.Protocol[path or "TILES"]] * 2 * n
+    assert ranks.last_args[-3] == 0  # push_blocks: in tiles, a small call
     grid = -(-(b * h // n) // ranks.last_args[-4])  # the call's rows by its tiles' rows
     assert grid > 1
     for r in range(n):

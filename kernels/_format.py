@@ -1,0 +1,170 @@
+"""The packed send-buffer format: lane counts, shapes and dtype views.
+
+Defined here, on the kernels' side, so that the kernels import nothing of
+``cupy_dcp``; ``cupy_dcp.layout`` re-exports it.
+
+A rank's send buffer is ``[N, B, H/N, D + P]`` in the output dtype. Lanes
+``0:D`` of ``send[r, b, h]`` hold ``out[b, r*H/N + h, :]``; the ``P`` trailing
+lanes hold the bit pattern of the float32 ``lse[b, r*H/N + h]``: ``P = 2`` for
+16-bit outputs (lane ``D`` the low half, lane ``D+1`` the high half), ``P = 1``
+for float32 outputs (the value itself).
+
+Where the lanes sit is stated here once: :data:`LSE_HALF_BITS` and
+:data:`LSE_HALF_MASK` split the LSE's bits into lanes ``D`` (low) and ``D + 1``
+(high), and every kernel that writes or reads the lanes (pack, combine, the
+direct kernels, the host twins) takes them from here; :func:`lse_lanes` and
+:func:`split_packed` are the host's (NumPy) side of the same.
+"""
+
+import ml_dtypes
+import numpy as np
+
+__all__ = [
+    "BFLOAT16",
+    "LSE_HALF_BITS",
+    "LSE_HALF_MASK",
+    "SUPPORTED_DTYPES",
+    "as_dtype",
+    "bits_dtype",
+    "c_strides",
+    "check_heads",
+    "lse_lanes",
+    "lse_pack_dim",
+    "round_from_float64",
+    "send_buffer_shape",
+    "split_packed",
+]
+
+LSE_HALF_BITS = 16  # a 16-bit output's LSE: lane D the low 16 bits, lane D + 1 the high 16
+LSE_HALF_MASK = 0xFFFF
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+SUPPORTED_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
+
+_NAMES = {"bfloat16": BFLOAT16, "bf16": BFLOAT16, "float16": np.dtype(np.float16),
+          "fp16": np.dtype(np.float16), "half": np.dtype(np.float16),
+          "float32": np.dtype(np.float32), "fp32": np.dtype(np.float32)}
+
+
+def as_dtype(dtype):
+    """Return ``dtype`` as a NumPy dtype; ``"bfloat16"`` means ``ml_dtypes.bfloat16``.
+
+    Anything NumPy cannot name (a torch dtype, say) is looked up by its
+    ``str()`` without a ``torch.`` prefix, so ``torch.bfloat16`` and
+    ``torch.int64`` work without importing torch.
+    """
+    if isinstance(dtype, str) and dtype.lower() in _NAMES:
+        return _NAMES[dtype.lower()]
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        name = str(dtype).rsplit(".", 1)[-1].lower()
+        if name in _NAMES:
+            return _NAMES[name]
+        try:
+            return np.dtype(name)
+        except TypeError:
+            raise TypeError(f"not a dtype NumPy knows (got {dtype!r})") from None
+
+
+def lse_pack_dim(dtype):
+    """Number of trailing lanes ``P`` that carry the float32 LSE bits.
+
+    Args:
+        dtype: the output dtype (NumPy dtype, ``ml_dtypes.bfloat16`` or the
+            string ``"bfloat16"``).
+
+    Returns:
+        2 for float16 and bfloat16, 1 for float32.
+
+    Raises:
+        ValueError: for any other dtype.
+    """
+    try:
+        dt = as_dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt is not None and dt in SUPPORTED_DTYPES:
+        return 1 if dt.itemsize == 4 else 2
+    raise ValueError(
+        f"output dtype must be float16, bfloat16 or float32 (got {dtype!r})")
+
+
+def bits_dtype(dtype):
+    """The unsigned integer dtype of the same size (how kernels see the data)."""
+    return np.dtype(np.uint16) if as_dtype(dtype).itemsize == 2 else np.dtype(np.uint32)
+
+
+def check_heads(num_heads, world_size):
+    """Every rank keeps ``H/N`` heads: ``ValueError`` naming H and N unless N divides H."""
+    if num_heads % world_size:
+        raise ValueError(
+            f"num_heads must be divisible by world_size (got H={num_heads}, N={world_size})")
+    return num_heads // world_size
+
+
+def c_strides(shape, itemsize):
+    """Byte strides of a C-contiguous array of ``shape``."""
+    strides, step = [], itemsize
+    for extent in reversed(shape):
+        strides.insert(0, step)
+        step *= extent
+    return tuple(strides)
+
+
+def send_buffer_shape(world_size, num_tokens, num_heads, head_dim, dtype):
+    """Shape ``(N, B, H/N, D + P)`` of the packed send (and receive) buffer."""
+    check_heads(num_heads, world_size)
+    return (world_size, num_tokens, num_heads // world_size,
+            head_dim + lse_pack_dim(dtype))
+
+
+def round_from_float64(values, dtype):
+    """``values`` (float64) rounded once, to nearest even, to ``dtype``.
+
+    float32 and float16 conversions of NumPy round once. bfloat16 goes through
+    float32 rounded to odd (an inexact result gets an odd last bit), which
+    keeps the final rounding to nearest even exact: no double rounding.
+    """
+    dtype = as_dtype(dtype)
+    values = np.asarray(values, dtype=np.float64)
+    if dtype != BFLOAT16:
+        return values.astype(dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        narrow = values.astype(np.float32)
+        bits = narrow.view(np.uint32).copy()
+        wide = narrow.astype(np.float64)
+        sticky = (wide != values) & np.isfinite(values) & ((bits & np.uint32(1)) == 0)
+        away = np.abs(wide) > np.abs(values)
+    bits[sticky & away] -= np.uint32(1)
+    bits[sticky & ~away] += np.uint32(1)
+    return bits.view(np.float32).astype(dtype)
+
+
+def lse_lanes(lse_bits, pack_dim):
+    """The ``pack_dim`` lanes ``[..., P]`` (uint32) that carry the float32 LSE bits
+    ``lse_bits`` (uint32) in a packed row: the bits themselves for ``P = 1``, their
+    low and high halves for ``P = 2``."""
+    lse_bits = np.asarray(lse_bits, dtype=np.uint32)
+    if pack_dim == 1:
+        return lse_bits[..., None]
+    return np.stack([lse_bits & np.uint32(LSE_HALF_MASK),
+                     lse_bits >> np.uint32(LSE_HALF_BITS)], axis=-1)
+
+
+def split_packed(recv, head_dim):
+    """``(partials, lses)`` of packed rows ``recv [..., D + P]`` (float16, bfloat16 or
+    float32): the partials ``[..., D]`` (a view, in ``recv``'s dtype) and the LSEs
+    ``[...]`` (float32), read from the trailing lanes as :func:`lse_lanes` writes
+    them. ``ValueError`` unless the rows have ``head_dim + P`` lanes."""
+    recv = np.asarray(recv)
+    dtype = as_dtype(recv.dtype)
+    pack_dim = lse_pack_dim(dtype)
+    if recv.ndim < 1 or recv.shape[-1] != head_dim + pack_dim:
+        raise ValueError(f"recv's rows must have head_dim + {pack_dim} = {head_dim + pack_dim} "
+                         f"lanes (got shape {recv.shape})")
+    lanes = recv[..., head_dim:].view(bits_dtype(dtype)).astype(np.uint32)
+    lse_bits = lanes[..., 0]
+    if pack_dim == 2:
+        lse_bits = lse_bits | (lanes[..., 1] << np.uint32(LSE_HALF_BITS))
+    return recv[..., :head_dim], np.ascontiguousarray(lse_bits).view(np.float32)
