@@ -6,14 +6,30 @@ head slices with ONE all-to-all and combines them exactly, so that rank r ends
 with heads ``r*H/N ... (r+1)*H/N - 1``. Plans (:func:`dcp_plan`) bind a layer
 shape once for decode loops and CUDA graphs; within one node,
 :class:`DcpDirectPlan` exchanges over NVLink without NCCL.
+
+Compiled kernels are kept on disk across processes (see
+``cupy_dcp.kernels._cache`` for where, and how to move or turn it off);
+``python -m cupy_dcp.warmup`` fills that cache ahead of time.
 """
 
-from .comm import Communicator
-from .direct import DcpDirectPlan, dcp_plan, direct_problem
-from .layout import lse_pack_dim
-from .plan import DcpA2APlan, DcpAgRsPlan
-from .reduce import dcp_a2a_lse_reduce, dcp_ag_rs_lse_reduce
-from .reference import lse_weighted_combine, pack_reference, unpack_reference
+import importlib
+
+from .kernels import _cache as _kernel_cache
+
+_HOMES = {  # each public name and the module that defines it, imported on first use
+    "Communicator": "comm",
+    "DcpA2APlan": "plan",
+    "DcpAgRsPlan": "plan",
+    "DcpDirectPlan": "direct",
+    "dcp_a2a_lse_reduce": "reduce",
+    "dcp_ag_rs_lse_reduce": "reduce",
+    "dcp_plan": "direct",
+    "direct_problem": "direct",
+    "lse_pack_dim": "layout",
+    "lse_weighted_combine": "reference",
+    "pack_reference": "reference",
+    "unpack_reference": "reference",
+}
 
 __all__ = [
     "Communicator",
@@ -31,3 +47,32 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def _kernel_cache_dir():  # read on the kernel cache's first use, not at import
+    from ._settings import kernel_cache_dir
+
+    return kernel_cache_dir()
+
+
+_kernel_cache.use_default(_kernel_cache_dir)
+
+
+def __getattr__(name):
+    """The public names, each imported with its module when first used: importing
+    the package loads neither Numba, nor CuPy, nor MPI."""
+    home = _HOMES.get(name)
+    if home is None:  # a submodule, as ``import`` would have bound it
+        try:
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -1,8 +1,20 @@
-"""Validation at the public boundary: every check runs before anything is exchanged."""
+"""Validation at the public boundary: every check runs before anything is exchanged.
+
+The checks of values (masks, the LSE's range) read host arrays only: on device
+arrays they would cost a device-to-host synchronisation per call.
+"""
+
+import numbers
+
+import numpy as np
 
 from .layout import BFLOAT16, SUPPORTED_DTYPES, as_dtype, check_heads
 
-__all__ = ["check_inputs", "check_mask", "check_out", "lse_float32_dtype"]
+__all__ = ["check_count", "check_flag", "check_inputs", "check_lse_range", "check_mask",
+           "check_out", "lse_float32_dtype"]
+
+_INT64_MAX = np.iinfo(np.int64).max
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _shape(x):
@@ -50,9 +62,43 @@ def lse_float32_dtype(dtype):
     return dt
 
 
+def check_flag(value, name):
+    """``value`` must be ``True`` or ``False`` (NumPy's bool too): ``TypeError`` else."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False (got {value!r})")
+    return bool(value)
+
+
+def check_count(value, name, minimum):
+    """``value`` must be an integer (not a bool) >= ``minimum``; returned as ``int``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer (got {type(value).__name__} {value!r})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum} (got {value})")
+    return int(value)
+
+
+def check_lse_range(lse):
+    """A host LSE wider than float32 must fit it: a finite value that would become
+    +-inf (+inf means "empty") is a ``ValueError``."""
+    if not isinstance(lse, np.ndarray) or lse.dtype.itemsize <= 4 or lse.dtype == BFLOAT16:
+        return
+    with np.errstate(invalid="ignore"):
+        beyond = np.isfinite(lse) & (np.abs(lse) > _FLOAT32_MAX)
+    if beyond.any():
+        beyond &= np.isinf(lse.astype(np.float32))  # what rounds to the largest float32 is fine
+    if beyond.any():
+        where = tuple(int(i) for i in np.argwhere(beyond)[0])
+        raise ValueError(f"cp_attn_lse must fit float32: {float(lse[where])!r} at {where} is "
+                         f"beyond +-{_FLOAT32_MAX:.6g} (got dtype {lse.dtype})")
+
+
 def check_out(out, shape, dtype):
-    """Check a caller-provided result array ``out`` against ``shape`` and ``dtype``."""
+    """Check a caller-provided result array ``out`` against ``shape`` and ``dtype``;
+    a read-only NumPy ``out`` is refused."""
     _check_array(out, "out")
+    if isinstance(out, np.ndarray) and not out.flags.writeable:
+        raise ValueError("out must be writeable (got a read-only array)")
     if _shape(out) != tuple(shape):
         raise ValueError(f"out must have shape {tuple(shape)} (got {_shape(out)})")
     try:
@@ -78,3 +124,25 @@ def check_mask(seq_lens, query_start_loc):
         raise ValueError(
             "query_start_loc must have len(seq_lens) + 1 entries "
             f"(got {query_start_loc.shape[0]} for {seq_lens.shape[0]} sequences)")
+    if isinstance(seq_lens, np.ndarray) and isinstance(query_start_loc, np.ndarray):
+        _check_mask_values(seq_lens, query_start_loc)
+
+
+def _check_mask_values(seq_lens, query_start_loc):
+    """Host masks: lengths >= 0, starts non-decreasing, every value an int64."""
+    for name, arr in (("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
+        if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and arr.size:
+            big = np.flatnonzero(arr > _INT64_MAX)
+            if big.size:
+                raise ValueError(f"{name} must be < 2**63 (got {int(arr[big[0]])} at index "
+                                 f"{int(big[0])})")
+    negative = np.flatnonzero(seq_lens < 0)
+    if negative.size:
+        i = int(negative[0])
+        raise ValueError(f"seq_lens must be >= 0 (got {int(seq_lens[i])} at index {i})")
+    starts = query_start_loc.astype(np.int64)
+    falls = np.flatnonzero(starts[1:] < starts[:-1])
+    if falls.size:
+        i = int(falls[0]) + 1
+        raise ValueError(f"query_start_loc must be non-decreasing (got {int(starts[i])} after "
+                         f"{int(starts[i - 1])} at index {i})")

@@ -17,6 +17,11 @@ built), so a bad value fails the plan's construction, on every rank.
     code that uses the kernels alone calls itself. Unset or empty, the first
     launcher that runs here.
 
+``CUPY_DCP_CACHE_DIR`` (a folder) and ``CUPY_DCP_CACHE`` (``0`` turns it off)
+    Where compiled kernels are kept across processes
+    (:func:`kernel_cache_dir`; ``cupy_dcp.kernels._cache``): unset, a per-user
+    folder; empty, or ``CUPY_DCP_CACHE=0``, no cache.
+
 The plans agree on the resolved values across ranks: a rank whose environment
 resolves differently makes every rank raise ``ValueError``.
 """
@@ -25,7 +30,8 @@ import os
 
 from .kernels._launch import LAUNCHERS
 
-__all__ = ["PROTOCOLS", "launcher", "pdl", "protocols"]
+__all__ = ["PROTOCOLS", "kernel_cache_dir", "launcher", "pdl", "protocols",
+           "spawn_environment"]
 
 PROTOCOLS = ("tiles", "words", "lines")  # a direct call's transfer, by size: the order here
 
@@ -86,3 +92,28 @@ def launcher(value=None, env=os.environ):
     if setting not in LAUNCHERS:
         raise ValueError(f"CUPY_DCP_LAUNCHER must be one of {LAUNCHERS} (got {setting!r})")
     return setting
+
+
+def kernel_cache_dir(env=os.environ):
+    """The kernel cache's folder (a string), or ``None`` for no cache:
+    ``CUPY_DCP_CACHE=0`` or an empty ``CUPY_DCP_CACHE_DIR`` turn it off, a
+    ``CUPY_DCP_CACHE_DIR`` names it, else ``$XDG_CACHE_HOME/cupy_dcp`` (or
+    ``~/.cache/cupy_dcp``)."""
+    if env.get("CUPY_DCP_CACHE", "1") == "0":
+        return None
+    path = env.get("CUPY_DCP_CACHE_DIR")
+    if path is not None:
+        return path or None
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "cupy_dcp")
+
+
+def spawn_environment(**extra):
+    """The environment of processes that cupy_dcp starts itself (``bench
+    --startup``'s ranks): this process's, less its MPI runtime's own variables
+    (they start an MPI job of their own), less ``CUPY_DCP_CACHE``, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMIX_", "PMI_")) or k.startswith("OMPI_ALLOW_RUN")}
+    env.pop("CUPY_DCP_CACHE", None)
+    env.update(extra)
+    return env

@@ -330,6 +330,11 @@ def run(args, extra_cases=None):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if "--startup" in argv:  # fresh processes of their own: see cupy_dcp._startup
+        from ._startup import run as run_startup
+        run_startup(argv)
+        return
     args = parse_args(argv)
     if args.kernels:
         from ._kernel_bench import run_kernels

@@ -4,20 +4,48 @@ Two transports: ``MPI.Alltoall`` for host buffers, and NCCL (CuPy's
 ``NcclCommunicator``, its unique id broadcast with mpi4py) for device buffers,
 as grouped send/recv on the caller's stream. Nothing here knows about
 attention: it moves bytes.
+
+Under faults: every host wait is bounded (:data:`DEFAULT_TIMEOUT`, ten minutes,
+unless the communicator's ``timeout`` says otherwise); a rank that fails its
+own checks before a collective tells the others, which raise the same
+exception type; a freed communicator raises ``RuntimeError`` instead of
+reaching MPI.
 """
 
+import math
+import numbers
+import pickle
 import threading
 import time
+import warnings
 
+import numpy as np
 from mpi4py import MPI
 
-from . import _nccl_end
+from . import _nccl_end, _signed
 from ._nccl_end import is_capturing
 from ._staged import staged_allgather, staged_alltoall, staged_reduce_scatter
 
-__all__ = ["Communicator", "as_communicator"]
+__all__ = ["DEFAULT_TIMEOUT", "Communicator", "as_communicator", "check_timeout"]
 
 _BACKENDS = ("auto", "mpi", "nccl")
+
+DEFAULT_TIMEOUT = 600.0
+"""Seconds a host wait may take when the communicator sets no ``timeout``
+(torch.distributed's watchdog also waits ten minutes)."""
+
+
+def check_timeout(timeout, name="timeout"):
+    """``timeout`` as float seconds (``None`` stays ``None``): ``TypeError`` unless a
+    real number, ``ValueError`` unless > 0 (``math.inf``: no bound)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"{name} must be a number of seconds or None "
+                        f"(got {type(timeout).__name__} {timeout!r})")
+    if not timeout > 0:  # NaN too
+        raise ValueError(f"{name} must be > 0 seconds or None (got {timeout!r})")
+    return float(timeout)
 
 
 class Communicator:
@@ -32,8 +60,9 @@ class Communicator:
         backend: ``"auto"``, ``"mpi"`` or ``"nccl"`` as asked.
         mpi_comm: the mpi4py communicator messages travel on (with
             :meth:`from_mpi`, a duplicate owned by this object).
-        timeout: seconds a host exchange or :meth:`synchronize` may take
-            (``None``: no bound).
+        timeout: seconds a host wait (an exchange, :meth:`agree`, a plan's
+            construction) or :meth:`synchronize` may take; ``None`` means
+            :data:`DEFAULT_TIMEOUT` (600 s), ``math.inf`` no bound.
         last_operation: what the last device exchange was, for error messages.
         cached_plans: the plans the functional API made (one per stream and
             shape); they live until :meth:`free`.
@@ -44,14 +73,18 @@ class Communicator:
     def __init__(self, mpi_comm, backend="auto", device=None, owned=False, timeout=None):
         if backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {_BACKENDS} (got {backend!r})")
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds or None (got {timeout!r})")
+        timeout = check_timeout(timeout)
+        _check_not_null(mpi_comm)
         self.mpi_comm = mpi_comm
         self._owned = owned
         self.timeout = timeout
         self.last_operation = None
         self.cached_plans = {}  # the functional API's plans; released by free()
         self._abandoned = []
+        self._freed = False
+        self._broken = None  # why the communicator is unusable, once it is
+        self._staged = False  # device arrays go through host memory (ranks share a GPU)
+        self._calls = 0  # the host calls made so far (part of each call's signature)
         self.backend = backend
         self.rank = mpi_comm.Get_rank()
         self.world_size = mpi_comm.Get_size()
@@ -80,22 +113,39 @@ class Communicator:
                 node modulo the visible GPUs. With ``"auto"`` or ``"nccl"``
                 and a GPU present it becomes CuPy's current device now, so
                 that arrays made next live where the plans run.
-            timeout: seconds that a host exchange, or :meth:`synchronize`, may
-                take before it raises instead of hanging; ``None`` waits for ever.
+            timeout: seconds that a host wait, or :meth:`synchronize`, may
+                take before it raises instead of hanging; ``None`` is
+                :data:`DEFAULT_TIMEOUT` (600 s), ``math.inf`` waits for ever.
+
+        With ``"auto"``, ranks that share a GPU exchange device arrays through
+        host memory with MPI (NCCL refuses two ranks on one GPU): a
+        ``RuntimeWarning`` says so once.
 
         Raises:
-            RuntimeError: ``"nccl"`` without CuPy, a GPU or NCCL on some rank
-                (every rank raises, naming the ranks and what they lack).
+            RuntimeError: ``"nccl"`` without CuPy, a GPU or NCCL on some rank,
+                or with ranks that share a GPU (every rank raises, naming the
+                ranks and what they lack or share).
+            ValueError: ``comm`` is ``MPI.COMM_NULL`` (or a freed communicator).
         """
         if backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {_BACKENDS} (got {backend!r})")
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds or None (got {timeout!r})")
+        timeout = check_timeout(timeout)
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"comm must be an mpi4py communicator (got {type(comm).__name__})")
-        self = cls(comm.Dup(), backend, device, owned=True, timeout=timeout)
-        self._local_rank = node_rank_and_size(self.mpi_comm)[0]  # collective: every rank
+        _check_not_null(comm)
+        dup, request = comm.Idup()
+        limit = DEFAULT_TIMEOUT if timeout is None else timeout
+        if not _complete(request, limit):
+            _ABANDONED.append((dup, request))  # MPI may still complete it
+            raise RuntimeError(f"Communicator.from_mpi did not complete within {limit} s on rank "
+                               f"{comm.Get_rank()}: not every rank of the communicator called "
+                               "it (a peer rank is missing or stuck)")
+        self = cls(dup, backend, device, owned=True, timeout=timeout)
+        # this rank's index among the ranks of its node (bounded, unlike MPI's Split_type:
+        # a peer whose duplicate timed out never comes)
+        names = self.allgather_object("finding the ranks' nodes", MPI.Get_processor_name())
+        self._local_rank = names[:self.rank].count(names[self.rank])
         if backend == "auto" and _cupy_problem() is None:
             # this rank's GPU is current from now on: arrays the caller makes next
             # land on the device its plans will run on
@@ -111,14 +161,32 @@ class Communicator:
     def prepare_device(self):
         """Collective: make this group ready for device arrays.
 
-        Builds the NCCL communicator, or, with ``backend="mpi"``, only selects
-        this rank's GPU (exchanges are then staged through host memory with
-        MPI: exact, slow, not capturable). Returns the device ordinal.
+        Builds the NCCL communicator, or, with ``backend="mpi"`` (or ``"auto"``
+        where ranks share a GPU), only selects this rank's GPU (exchanges are
+        then staged through host memory with MPI: exact, slow, not
+        capturable). Returns the device ordinal.
         """
-        if self.backend == "mpi":
+        if self.backend == "mpi" or self._staged:
             return self.select_device()
+        if self.backend == "auto" and self._nccl is None:
+            shared = self._shared_gpus()
+            if shared:
+                self._staged = True
+                warnings.warn(f"cupy_dcp: {shared}: NCCL cannot run two ranks on one GPU, so "
+                              "device arrays go through host memory with MPI (exact, slow, not "
+                              "capturable in a CUDA graph; DcpDirectPlan runs on a shared GPU)",
+                              RuntimeWarning, stacklevel=3)
+                return self.device
         self.nccl()
         return self.device
+
+    def _shared_gpus(self):
+        """Collective: which ranks share a GPU (``"ranks 0, 1 share GPU <pci> of
+        <host>"``, ``""`` where none do). Selects this rank's GPU; raises like
+        :meth:`select_device` where a rank has none."""
+        self.select_device()
+        everyone = self.allgather_object("finding the ranks' GPUs", _gpu_address(self.device))
+        return _describe_sharing(everyone)
 
     def select_device(self):
         """Collective: check that every rank has CuPy and a GPU, and select this rank's
@@ -128,7 +196,7 @@ class Communicator:
             RuntimeError: on every rank alike, naming the ranks and what they lack.
         """
         problem = _cupy_problem()
-        problems = self.mpi_comm.allgather(problem)
+        problems = self.allgather_object("checking the ranks' GPUs", problem)
         bad = {r: p for r, p in enumerate(problems) if p is not None}
         if bad:
             detail = "; ".join(f"rank {r}: {p}" for r, p in sorted(bad.items()))
@@ -138,36 +206,43 @@ class Communicator:
     def barrier(self, what="barrier", timeout=None):
         """Wait for every rank, within ``timeout`` seconds (``None``: :attr:`timeout`,
         when one is set); late, a ``RuntimeError`` naming ``what``."""
+        self.check_usable()
         self._wait(self.mpi_comm.Ibarrier(), what, None, None, timeout)
 
     def nccl(self):
         """The NCCL communicator of this group, built on first use (collective).
 
-        Every rank checks that it has CuPy, a GPU and NCCL; if any lacks one,
-        every rank raises the same ``RuntimeError`` (nobody is left waiting).
-        Then rank 0 makes the unique id, MPI broadcasts it, and every rank
-        joins on its GPU.
+        Every rank checks that it has CuPy, a GPU and NCCL, and that no other
+        rank shares its GPU; where any fails, every rank raises the same
+        ``RuntimeError`` naming the ranks (nobody is left waiting). Then rank 0
+        makes the unique id, MPI broadcasts it, and every rank joins on its GPU.
         """
         if self._nccl is not None:
             return self._nccl
         if self.backend == "mpi":
             raise RuntimeError("this communicator's backend is 'mpi': it has no NCCL communicator "
                                "(device arrays are staged through host memory)")
+        self.check_usable()
         problem = _nccl_problem()
-        device = None
+        device = address = None
         if problem is None:
             device = self._pick_device()
-        problems = self.mpi_comm.allgather(problem)
-        bad = {r: p for r, p in enumerate(problems) if p is not None}
+            address = _gpu_address(device)
+        everyone = self.allgather_object("checking the NCCL backend", (problem, address))
+        bad = {r: p for r, (p, _) in enumerate(everyone) if p is not None}
         if bad:
             detail = "; ".join(f"rank {r}: {p}" for r, p in sorted(bad.items()))
             raise RuntimeError(f"the NCCL backend is unavailable ({detail})")
+        shared = _describe_sharing([a for _, a in everyone])
+        if shared:
+            raise RuntimeError(f"the NCCL backend needs a GPU of its own for every rank: {shared} "
+                               "(use backend='auto' or 'mpi', DcpDirectPlan, or one rank per GPU)")
         import cupy
         from cupy.cuda import nccl
 
         with cupy.cuda.Device(device):
             uid = nccl.get_unique_id() if self.rank == 0 else None
-            uid = self.mpi_comm.bcast(uid, root=0)
+            uid = self.allgather_object("sharing the NCCL id", uid)[0]
             self._nccl = nccl.NcclCommunicator(self.world_size, uid, self.rank)
         self.device = device
         return self._nccl
@@ -191,7 +266,7 @@ class Communicator:
         the caller writes it into ``recv`` directly. Enqueued on ``stream_ptr``.
         """
         self.last_operation = f"the all-to-all of {chunk_bytes} bytes per peer"
-        if self.backend == "mpi":
+        if self.backend == "mpi" or self._staged:
             staged_alltoall(self, send_ptr, recv_ptr, chunk_bytes, stream_ptr)
             return
         from cupy.cuda import nccl
@@ -249,29 +324,114 @@ class Communicator:
         self._wait(request, "reduce-scatter", send, recv)
 
     def _check_host(self):
+        self.check_usable()
         if self.backend == "nccl":
             raise RuntimeError("this communicator's backend is 'nccl': host arrays need 'mpi' or 'auto'")
 
-    def _wait(self, request, what, send, recv, timeout=None):
-        """Complete a host collective, within ``timeout`` (or :attr:`timeout`) when set."""
-        timeout = self.timeout if timeout is None else timeout
-        if timeout is None:
-            request.Wait()
-            return
-        deadline = time.monotonic() + timeout
-        while not request.Test():
-            if time.monotonic() > deadline:
-                # MPI may still write into recv: the buffers must outlive the request
-                self._abandoned.append((request, send, recv))
-                size = "" if send is None else f" of {send.nbytes} bytes"
-                raise RuntimeError(
-                    f"MPI {what}{size} did not complete within "
-                    f"{timeout} s on rank {self.rank} (a peer rank is missing or stuck); "
-                    "the communicator is unusable: abort the job")
-            time.sleep(50e-6)
+    def check_usable(self):
+        """Raise ``RuntimeError`` if this communicator was freed, or is unusable since
+        a host wait timed out (MPI cannot cancel what was pending)."""
+        if self._freed or self.mpi_comm == MPI.COMM_NULL:
+            raise RuntimeError(f"this Communicator (rank {self.rank} of {self.world_size}) was "
+                               "freed: build a new one with Communicator.from_mpi")
+        if self._broken is not None:
+            raise RuntimeError(f"this Communicator is unusable since an earlier failure "
+                               f"({self._broken})")
 
-    def agree(self, what, fields):
-        """Collective check that every rank holds the same ``fields``.
+    def limit(self, timeout=None):
+        """The seconds a host wait may take: ``timeout``, else :attr:`timeout`, else
+        :data:`DEFAULT_TIMEOUT` (``math.inf``: no bound)."""
+        timeout = self.timeout if timeout is None else timeout
+        return DEFAULT_TIMEOUT if timeout is None else timeout
+
+    def next_call(self):
+        """Number this rank's next host call (every rank counts alike, so a rank that
+        skipped or added a call shows in the call's signature)."""
+        self._calls += 1
+        return self._calls
+
+    def exchange_signed(self, send, recv, signature, what, timeout=None):
+        """Signed all-to-all of host rows: row ``r`` of ``send`` to rank ``r``.
+
+        Args:
+            send: ``[N, M]`` uint8 (or ``[1, M]``: the same row to every rank);
+                the last ``TRAILER_BYTES`` of each row are written here with
+                ``signature``.
+            recv: ``[N, M]`` uint8 that receives the peers' rows (this rank's
+                own row is not touched).
+            signature: an ordered dict of ints and short strings (at most 8
+                ASCII characters) that every rank of the call must share.
+            what: names the operation in errors.
+
+        Returns:
+            The bodies (rows less their trailer) received, ``None`` at this
+            rank's place.
+
+        Raises:
+            ValueError: the ranks' signatures differ (the same error on every
+                rank, naming the first field that differs and the ranks).
+            ValueError, TypeError, RuntimeError: a rank failed its own checks
+                (:meth:`fail_together`): its error's type, on every rank.
+            RuntimeError: not complete within :meth:`limit` seconds.
+        """
+        self._check_host()
+        _signed.write_trailer(send, _signed.DATA, signature)
+        got = _signed.exchange(self, send, recv, what, self.limit(timeout))
+        size, own = send.shape[1], send[0, -_signed.TRAILER_BYTES:].tobytes()
+        if all(m is None or (m.nbytes == size and m[-_signed.TRAILER_BYTES:].tobytes() == own)
+               for m in got):  # every peer signed as this rank did
+            return [None if m is None else m[:-_signed.TRAILER_BYTES] for m in got]
+        return _signed.verdict(what, self.rank, _signed.DATA, signature, got)
+
+    def fail_together(self, what, error, timeout=None):
+        """This rank failed its own checks before a collective: take part in the
+        collective's messages in its place (so that no peer waits) and raise.
+
+        Every rank raises the type of the lowest failing rank's error: that rank
+        ``error`` itself, the others ``"{what}: rank r failed its checks: ..."``.
+        Where the message cannot go out (a freed communicator, a broken MPI),
+        ``error`` is raised alone.
+        """
+        try:
+            self.check_usable()
+            got = _signed.exchange(self, _signed.failure_message(error), None, what,
+                                   self.limit(timeout))
+        except (RuntimeError, MPI.Exception):
+            raise error from None
+        _signed.verdict(what, self.rank, _signed.FAILED, {}, got, own_error=error)
+        raise error
+
+    def allgather_object(self, what, value, timeout=None, step=None):
+        """Collective, bounded by :meth:`limit`: every rank's ``value`` (picklable), in
+        rank order. ``what`` names the step in errors; a rank at another ``step``
+        (by default ``what``) makes every rank raise the same ``ValueError``."""
+        self.check_usable()
+        step = what if step is None else step
+        body = pickle.dumps((step, value))
+        send = np.zeros((1, len(body) + _signed.TRAILER_BYTES), dtype=np.uint8)
+        send[0, :len(body)] = np.frombuffer(body, dtype=np.uint8)
+        _signed.write_trailer(send, _signed.AGREE, {})
+        got = _signed.exchange(self, send, None, what, self.limit(timeout))
+        everyone = _signed.verdict(what, self.rank, _signed.AGREE, {}, got)
+        everyone[self.rank] = (step, value)
+        _signed.first_difference(what, "the step", [w for w, _ in everyone])
+        return [v for _, v in everyone]
+
+    def _wait(self, request, what, send, recv, timeout=None):
+        """Complete a host collective within :meth:`limit` seconds."""
+        timeout = self.limit(timeout)
+        if not _complete(request, timeout):
+            # MPI may still write into recv: the buffers must outlive the request
+            self._abandoned.append((request, send, recv))
+            size = "" if send is None else f" of {send.nbytes} bytes"
+            self._broken = (f"MPI {what}{size} did not complete within "
+                            f"{timeout} s on rank {self.rank} (a peer rank is missing or "
+                            "stuck); the communicator is unusable: abort the job")
+            raise RuntimeError(self._broken)
+
+    def agree(self, what, fields, timeout=None):
+        """Collective check that every rank holds the same ``fields``, bounded by
+        :meth:`limit` seconds.
 
         Args:
             what: names the operation in the error (e.g. ``"DcpA2APlan"``).
@@ -281,16 +441,16 @@ class Communicator:
 
         Raises:
             ValueError: on every rank alike, naming the first field the ranks
-                disagree on and which ranks differ from rank 0, or the first
-                rank whose own checks failed.
+                disagree on and which ranks differ from rank 0.
+            ValueError, TypeError, RuntimeError: a rank failed its own checks:
+                the lowest such rank's error type on every rank (that rank
+                raises its own error, the others name it).
+            RuntimeError: a rank did not arrive in time.
         """
-        everyone = self.mpi_comm.allgather(fields)
-        for rank, theirs in enumerate(everyone):
-            for value in theirs.values():
-                if isinstance(value, Exception):
-                    if rank == self.rank:
-                        raise value
-                    raise ValueError(f"{what}: rank {rank} failed its checks: {value}")
+        errors = [v for v in fields.values() if isinstance(v, Exception)]
+        if errors:
+            self.fail_together(what, errors[0], timeout)
+        everyone = self.allgather_object(what, fields, timeout, step="agree")
         for key, value in everyone[0].items():
             values = [theirs.get(key) for theirs in everyone]
             differ = [r for r, v in enumerate(values) if v != value]
@@ -311,12 +471,14 @@ class Communicator:
                 had not drained in time; either way the NCCL communicator is
                 aborted first, so that no rank stays blocked in it.
         """
-        timeout = self.timeout if timeout is None else timeout
-        if not drain(stream, timeout, self._check_nccl):
+        timeout = self.limit(timeout)
+        if not drain(stream, None if timeout == math.inf else timeout, self._check_nccl):
             self.abort()
             raise RuntimeError(
                 f"rank {self.rank}: {self.last_operation or 'the work on the stream'} did not "
-                f"complete within {timeout} s (a peer rank is missing or stuck); "
+                f"complete within {timeout} s (a peer rank is missing or stuck, or the ranks "
+                "called with different sizes, dtypes or strategies, which NCCL cannot tell "
+                "apart: check_consistency=True checks them before the exchange); "
                 "the NCCL communicator was aborted")
         self._check_nccl()
 
@@ -351,7 +513,7 @@ class Communicator:
     def allgather_device(self, send_ptr, recv_ptr, count, stream_ptr):
         """NCCL all-gather of ``count`` float32 per rank, on ``stream_ptr``."""
         self.last_operation = f"the all-gather of {count} float32 per rank"
-        if self.backend == "mpi":
+        if self.backend == "mpi" or self._staged:
             staged_allgather(self, send_ptr, recv_ptr, count, stream_ptr)
             return
         from cupy.cuda import nccl
@@ -365,7 +527,7 @@ class Communicator:
     def reduce_scatter_device(self, send_ptr, recv_ptr, count, stream_ptr):
         """NCCL reduce-scatter (sum) of float32, ``count`` per rank, on ``stream_ptr``."""
         self.last_operation = f"the reduce-scatter of {count} float32 per rank"
-        if self.backend == "mpi":
+        if self.backend == "mpi" or self._staged:
             staged_reduce_scatter(self, send_ptr, recv_ptr, count, stream_ptr)
             return
         from cupy.cuda import nccl
@@ -390,6 +552,7 @@ class Communicator:
         whichever goes first)."""
         self.cached_plans.clear()
         self._end_nccl("destroy")
+        self._freed = True
         if self._owned and self.mpi_comm != MPI.COMM_NULL:
             self.mpi_comm.Free()
 
@@ -420,6 +583,49 @@ def node_rank_and_size(mpi_comm):
         return node.Get_rank(), node.Get_size()
     finally:
         node.Free()
+
+
+_ABANDONED = []  # duplicates whose creation timed out: MPI may still complete them
+
+
+def _complete(request, limit):
+    """Wait for ``request`` at most ``limit`` seconds (``inf``: for ever); whether it completed."""
+    if limit == math.inf:
+        request.Wait()
+        return True
+    start = time.monotonic()
+    while not request.Test():
+        now = time.monotonic()
+        if now > start + limit:
+            return False
+        if now > start + _signed.SPIN_S:
+            time.sleep(50e-6)
+    return True
+
+
+def _check_not_null(comm):
+    if comm == MPI.COMM_NULL:
+        raise ValueError("comm must be a live mpi4py communicator (got MPI.COMM_NULL: a null "
+                         "or freed communicator)")
+
+
+def _gpu_address(device):
+    """This rank's GPU as ``"<host> <pci address>"``: one name per physical GPU."""
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(device)
+    return (f"{MPI.Get_processor_name()} {props['pciDomainID']:04x}:"
+            f"{props['pciBusID']:02x}:{props['pciDeviceID']:02x}")
+
+
+def _describe_sharing(addresses):
+    """``"ranks 0, 1 share GPU <address>; ..."`` for the GPUs (``addresses``, one per
+    rank) that several ranks use, ``""`` where none is shared."""
+    ranks = {}
+    for rank, address in enumerate(addresses):
+        ranks.setdefault(address, []).append(rank)
+    shared = [(a, r) for a, r in ranks.items() if len(r) > 1]
+    return "; ".join(f"ranks {', '.join(map(str, r))} share GPU {a}" for a, r in shared)
 
 
 def drain(stream, timeout, poll=None):
@@ -488,12 +694,15 @@ def as_communicator(comm):
     """Return ``comm`` as a :class:`Communicator`; a plain mpi4py communicator is wrapped once.
 
     Wrapping is collective (it duplicates ``comm``); the wrapper lives as long
-    as ``comm`` does.
+    as ``comm`` does. A freed :class:`Communicator` is a ``RuntimeError``,
+    ``MPI.COMM_NULL`` a ``ValueError``.
     """
     global _KEYVAL
     if isinstance(comm, Communicator):
+        comm.check_usable()
         return comm
     if isinstance(comm, MPI.Comm):
+        _check_not_null(comm)
         if _KEYVAL is None:
             _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_free_wrapper)
         wrapped = comm.Get_attr(_KEYVAL)

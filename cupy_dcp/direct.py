@@ -43,11 +43,11 @@ import typing
 
 import numpy as np
 
+from ._compile import direct_residency
 from .layout import c_strides, lse_pack_dim
 from .kernels._launch import DeviceArray
-from .kernels._rows import WARP
-from .kernels.direct import (PEER_FAILED, STATE_WORDS, TIMED_OUT, WARPS, Protocol, call_kernels,
-                             direct_launch, line_rows, region_grid, window_layout)
+from .kernels.direct import (PEER_FAILED, STATE_WORDS, TIMED_OUT, direct_launch, line_rows,
+                             region_grid, window_layout)
 from . import _settings
 from .plan import DcpA2APlan, PlanSettings, _Plan, _ready_steps
 from .kernels._arrays import kernel_array
@@ -294,10 +294,12 @@ class DcpDirectPlan(_Plan):
         n = self.comm.world_size
         if n == 1:
             return None
-        return [min(k.resident_blocks(WARP * WARPS)
-                    for k in call_kernels(self.dtype, n, self.bits, self.head_dim,
-                                          device.dependent, protocol))
-                for protocol in (Protocol.TILES, Protocol.WORDS, Protocol.LINES)]
+        # only the paths that some call can take are compiled (a path that none takes
+        # gets a count that bounds nothing)
+        return direct_residency(self.comm, self.dtype, self.bits, self.head_dim,
+                                self.max_tokens, self.local_heads, device.dependent,
+                                settings.protocols,
+                                device.addresses.count(device.addresses[self.comm.rank]))
 
     @property
     def timeout(self):

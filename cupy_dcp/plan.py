@@ -19,16 +19,15 @@ import functools
 import numpy as np
 
 from . import _checks, _settings
+from ._compile import a2a_tasks, agrs_tasks, build_shared
 from .comm import _cupy_problem, as_communicator
-from .layout import BFLOAT16, as_dtype, bits_dtype, c_strides, check_heads, lse_pack_dim
+from .layout import as_dtype, bits_dtype, c_strides, check_heads, lse_pack_dim
 from .kernels._arrays import (as_cupy, cupy_stream, dummy_index, kernel_array, pointer_device,
                                stream_ptr)
 from .kernels._launch import DeviceArray, choose_launcher
-from .kernels._rows import lanes_per_row
-from .kernels.agrs import (correct_kernel, correct_launch, finish_kernel, finish_launch,
-                           mask_kernel, mask_launch)
-from .kernels.combine import combine_kernel, combine_codec, combine_launch
-from .kernels.pack import pack_kernel, pack_launch
+from .kernels.agrs import correct_launch, finish_launch, mask_launch
+from .kernels.combine import combine_codec, combine_launch
+from .kernels.pack import pack_launch
 
 __all__ = ["DcpA2APlan", "DcpAgRsPlan"]
 
@@ -343,13 +342,7 @@ class DcpA2APlan(_Plan):
         self._recv = cupy.empty_like(self._send)
 
     def _warm_up(self, settings, device):
-        D = self.head_dim
-        pack_kernel(self.bits, lanes_per_row(D))
-        combine_kernel(self.dtype, False, lanes_per_row(D))
-        if self.bits.itemsize == 2 and D % 2 == 0:  # the word-wide variants
-            pack_kernel(np.dtype(np.uint32), lanes_per_row(D // 2))
-            if self.dtype == BFLOAT16:
-                combine_kernel(self.dtype, True, lanes_per_row(D // 2))
+        build_shared(self.comm.mpi_comm, a2a_tasks(self.dtype, self.head_dim))
 
     def _buffers(self, tokens):
         """Send and receive views for ``tokens`` tokens, built once per size."""
@@ -391,10 +384,7 @@ class DcpAgRsPlan(_Plan):
         self._summed = cupy.empty(T * self.local_heads * self.head_dim, cupy.float32)
 
     def _warm_up(self, settings, device):
-        group = lanes_per_row(self.head_dim)
-        correct_kernel(self.dtype, group)
-        finish_kernel(self.dtype, group)
-        mask_kernel(lanes_per_row(self.num_heads, 1))
+        build_shared(self.comm.mpi_comm, agrs_tasks(self.dtype, self.num_heads, self.head_dim))
 
     def _buffers(self, tokens):
         views = self._views.get(tokens)
@@ -460,11 +450,10 @@ def _plan_settings(world_size, max_tokens, num_heads, head_dim, dtype, return_ls
         lse_pack_dim(dtype)
     except (TypeError, ValueError):
         raise TypeError(f"dtype must be float16, bfloat16 or float32 (got {dtype!r})") from None
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1 (got {max_tokens})")
-    if head_dim < 1:
-        raise ValueError(f"head_dim must be >= 1 (got {head_dim})")
-    check_heads(num_heads, world_size)
+    _checks.check_count(max_tokens, "max_tokens", 1)
+    _checks.check_count(head_dim, "head_dim", 1)
+    check_heads(_checks.check_count(num_heads, "num_heads", 1), world_size)
+    _checks.check_flag(is_lse_base_on_e, "is_lse_base_on_e")
     return dict(world_size=world_size, max_tokens=int(max_tokens), num_heads=int(num_heads),
                 head_dim=int(head_dim), dtype=dtype, return_lse=bool(return_lse),
                 is_lse_base_on_e=bool(is_lse_base_on_e), strategy=strategy,

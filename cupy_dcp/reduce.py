@@ -3,8 +3,9 @@
 import numpy as np
 
 from . import _checks
+from ._signed import TRAILER_BYTES
 from .comm import as_communicator
-from .layout import bits_dtype, round_from_float64, send_buffer_shape
+from .layout import bits_dtype, c_strides, round_from_float64, send_buffer_shape
 from .kernels import (agrs_correct_host, agrs_lse_host, combine_host, mask_lse_host,
                       pack_host)
 from .kernels._format import split_packed
@@ -27,26 +28,34 @@ def dcp_a2a_lse_reduce(cp_attn_out, cp_attn_lse, comm, return_lse=False,
         cp_attn_out: ``[B, H, D]`` float16, bfloat16 or float32, any strides;
             this rank's partial attention output for all H heads of B tokens.
         cp_attn_lse: ``[B, H]`` float; the LSE of the scores this rank saw
-            (converted to float32; NaN and +inf mean "empty").
+            (converted to float32; NaN and +inf mean "empty"; a host value
+            beyond the float32 range is a ``ValueError``).
         comm: a :class:`Communicator` or an mpi4py communicator of N ranks.
         return_lse: also return the global LSE.
-        is_lse_base_on_e: natural-log LSEs; ``False`` for base 2.
-        out: optional ``[B, H/N, D]`` array of ``cp_attn_out``'s dtype that
-            receives the result (any strides).
-        seq_lens: optional ``[S]`` integers, this rank's KV length of each
+        is_lse_base_on_e: ``True`` for natural-log LSEs, ``False`` for base 2
+            (anything else is a ``TypeError``).
+        out: optional ``[B, H/N, D]`` writeable array of ``cp_attn_out``'s
+            dtype that receives the result (any strides).
+        seq_lens: optional ``[S]`` integers >= 0, this rank's KV length of each
             sequence; a sequence of length 0 contributes nothing.
-        query_start_loc: ``[S+1]`` integers, the first token of each sequence;
-            tokens before ``query_start_loc[0]`` or at or past
+        query_start_loc: ``[S+1]`` non-decreasing integers, the first token of
+            each sequence; tokens before ``query_start_loc[0]`` or at or past
             ``query_start_loc[-1]`` are padding and contribute nothing. Given
-            together with ``seq_lens``.
+            together with ``seq_lens``. Host masks are checked (a negative
+            length, a decreasing start or a uint64 >= 2**63 is a
+            ``ValueError``); device masks are not (that would synchronise the
+            host): there a negative length reads as 0.
         stream: device arrays only: the stream of the whole call (pack,
             exchange, combine); ``None`` is CuPy's current stream. The call
             never synchronises the host.
         check_consistency: first check, with one small MPI exchange, that
-            every rank called with the same B, H, D, dtype and options (and
-            passed its own checks): a mismatch raises the same ``ValueError``
-            on every rank instead of hanging or mixing data. Off by default:
-            it costs a host round trip per call.
+            every rank called with the same strategy, B, H, D, dtype and
+            options (and passed its own checks): a mismatch raises the same
+            ``ValueError`` on every rank before any data moves. Off by
+            default: it costs a host round trip per call. Host calls check
+            the same fields without it, for free: each chunk carries its
+            sender's signature (strategy, B, H, D, dtype, base, call number),
+            which every receiver compares with its own.
 
     Host (NumPy) arrays are exchanged with MPI; device arrays (CuPy, Numba,
     or any array with ``__cuda_array_interface__`` or DLPack: PyTorch, JAX)
@@ -57,11 +66,21 @@ def dcp_a2a_lse_reduce(cp_attn_out, cp_attn_lse, comm, return_lse=False,
         ``[B, H/N, D]`` in ``cp_attn_out``'s dtype (``out`` when given; a NumPy
         array for host inputs, a CuPy array for device inputs): the exact
         attention output of this rank's heads; with ``return_lse``, also the
-        global LSE ``[B, H/N]`` float32. A group of one returns its inputs.
+        global LSE ``[B, H/N]`` float32. A group of one applies the same
+        rules as a larger group (masks, NaN and +inf LSEs mean "empty":
+        output 0, LSE -inf; every other row is its input).
 
     Raises:
-        ValueError, TypeError: bad shapes or dtypes, before anything is exchanged
-            (with ``check_consistency``, on every rank alike).
+        ValueError, TypeError: bad shapes, dtypes or values, before anything
+            is exchanged. On the host path, a rank that fails its own checks
+            still takes part in the exchange, so that every rank raises the
+            same exception type (the failing rank its own error, the others
+            ``"rank r failed its checks: ..."``); so does every rank of a
+            call whose ranks disagree (``ValueError`` naming the field and
+            the ranks). On the device path that needs ``check_consistency``.
+        RuntimeError: a host wait did not complete within the
+            communicator's timeout (ten minutes by default), the
+            communicator was freed, or a peer gave up waiting for this rank.
     """
     return _reduce("a2a", cp_attn_out, cp_attn_lse, comm, return_lse, is_lse_base_on_e, out,
                    seq_lens, query_start_loc, stream, check_consistency)
@@ -86,46 +105,64 @@ def dcp_ag_rs_lse_reduce(cp_attn_out, cp_attn_lse, comm, return_lse=False,
 def _reduce(strategy, x, lse, comm, return_lse, base_e, out, seq_lens, query_start_loc,
             stream, check_consistency):
     comm = as_communicator(comm)
+    comm.check_usable()
     name = f"dcp_{strategy}_lse_reduce"
+    host_call = _is_host_array(x) or _is_host_array(lse)
+    call = comm.next_call() if host_call else None
     try:
+        base_e = _checks.check_flag(base_e, "is_lse_base_on_e")
         B, H, D, dtype, on_host = _check_call(x, lse, comm.world_size, out, seq_lens,
                                               query_start_loc)
     except (ValueError, TypeError) as exc:
-        if check_consistency:  # every rank raises, none is left waiting in the exchange
+        # every rank raises, none is left waiting in the exchange
+        if check_consistency:
             comm.agree(name, dict(error=exc))
+        elif host_call and comm.world_size > 1:
+            comm.fail_together(name, exc)
         raise
     if check_consistency:
         comm.agree(name, dict(
-            tokens=B, num_heads=H, head_dim=D, dtype=dtype.name, return_lse=bool(return_lse),
-            is_lse_base_on_e=bool(base_e),
-            masked=seq_lens is not None, arrays="host" if on_host else "device"))
-    if comm.world_size == 1:  # a group of one returns its inputs
-        return _identity(x, lse, out, return_lse, on_host)
+            strategy=strategy, tokens=B, num_heads=H, head_dim=D, dtype=dtype.name,
+            return_lse=bool(return_lse), is_lse_base_on_e=base_e,
+            masked=seq_lens is not None, arrays="host" if on_host else "device",
+            call_number=call))
     if on_host:
         if seq_lens is not None:
             seq_lens, query_start_loc = np.asarray(seq_lens), np.asarray(query_start_loc)
-        run = _a2a_host if strategy == "a2a" else _ag_rs_host
+        # A group of one runs the same combine: masks and empty shards mean what they
+        # mean in a group of two.
+        run = _a2a_host if strategy == "a2a" or comm.world_size == 1 else _ag_rs_host
+        signature = dict(strategy=strategy, tokens=B, num_heads=H, head_dim=D,
+                         dtype=dtype.name, is_lse_base_on_e=base_e, call_number=call)
         result, result_lse = run(x, np.asarray(lse, dtype=np.float32), comm, base_e, seq_lens,
-                                 query_start_loc, dtype)
+                                 query_start_loc, dtype, (name, signature))
         if out is not None:
             out[...] = result
             result = out
         return (result, result_lse) if return_lse else result
+    if comm.world_size == 1:
+        return _single_device(x, lse, out, return_lse, seq_lens, query_start_loc, stream, dtype)
     return _reduce_device(strategy, x, lse, comm, return_lse, base_e, out, seq_lens,
                           query_start_loc, stream, (B, H // comm.world_size, D), dtype)
 
 
-def _identity(x, lse, out, return_lse, on_host):
-    """A group of one: the inputs themselves (copied into ``out`` when given)."""
-    if on_host:
-        lse = np.asarray(lse, dtype=np.float32)
-    else:
-        from .kernels._arrays import as_cupy
-        x, lse = as_cupy(x), as_cupy(lse).astype(np.float32, copy=False)
-    if out is not None:
-        out[...] = x
-        x = out
-    return (x, lse) if return_lse else x
+def _single_device(x, lse, out, return_lse, seq_lens, query_start_loc, stream, dtype):
+    """A group of one on the device, on ``stream``: the rules of a larger group
+    (:mod:`cupy_dcp._single`), in ``out`` when given."""
+    import cupy
+
+    from ._single import single_combine
+    from .kernels._arrays import as_cupy, cupy_stream, stream_ptr
+
+    with cupy_stream(stream_ptr(stream)):
+        masks = () if seq_lens is None else (as_cupy(seq_lens), as_cupy(query_start_loc))
+        bits, result_lse = single_combine(cupy, as_cupy(x).view(bits_dtype(dtype)),
+                                          as_cupy(lse).astype(np.float32), *masks)
+        result = bits.view(dtype)
+        if out is not None:
+            out[...] = result
+            result = out
+    return (result, result_lse) if return_lse else result
 
 
 def _check_call(x, lse, world_size, out, seq_lens, query_start_loc):
@@ -138,18 +175,38 @@ def _check_call(x, lse, world_size, out, seq_lens, query_start_loc):
     if on_host[0] != on_host[1]:
         raise TypeError("cp_attn_out and cp_attn_lse must both be host (NumPy) or both be "
                         f"device arrays (got {type(x).__name__} and {type(lse).__name__})")
+    _checks.check_lse_range(lse)
     return B, H, D, dtype, on_host[0]
 
 
-def _a2a_host(x, lse32, comm, base_e, seq_lens, query_start_loc, dtype):
-    """Pack, ``MPI.Alltoall``, combine; ``(result [B, H/N, D], lse [B, H/N] float32)``."""
+def _rows(count, nbytes):
+    """``[count, nbytes + TRAILER_BYTES]`` uint8: a signed message a row."""
+    return np.empty((count, nbytes + TRAILER_BYTES), dtype=np.uint8)
+
+
+def _in_rows(rows, shape, dtype):
+    """``shape`` (first axis: the rows) of ``dtype``, C order within each row of ``rows``."""
+    dtype = np.dtype(dtype)
+    inner = c_strides(shape[1:], dtype.itemsize)
+    return np.ndarray(shape, dtype, buffer=rows, strides=(rows.strides[0],) + inner)
+
+
+def _a2a_host(x, lse32, comm, base_e, seq_lens, query_start_loc, dtype, signed):
+    """Pack, one signed all-to-all, combine; ``(result [B, H/N, D], lse [B, H/N] float32)``."""
     B, H, D = x.shape
     n = comm.world_size
     ubits = bits_dtype(dtype)
-    send = np.empty(send_buffer_shape(n, B, H, D, dtype), dtype=ubits)
-    recv = np.empty_like(send)
+    shape = send_buffer_shape(n, B, H, D, dtype)
+    chunk = int(np.prod(shape[1:])) * ubits.itemsize
+    send_rows = _rows(n, chunk)
+    send = _in_rows(send_rows, shape, ubits)
     pack_host(x.view(ubits), lse32.view(np.uint32), send, seq_lens, query_start_loc)
-    comm.alltoall_host(send, recv)
+    recv = send
+    if n > 1:
+        recv_rows = _rows(n, chunk)
+        comm.exchange_signed(send_rows, recv_rows, signed[1], signed[0])
+        recv_rows[comm.rank, :chunk] = send_rows[comm.rank, :chunk]
+        recv = _in_rows(recv_rows, shape, ubits)
     parts, lses = split_packed(recv.view(dtype), D)
     acc = np.empty((B, H // n, D), dtype=np.float64)
     global_lse = np.empty((B, H // n), dtype=np.float64)
@@ -157,14 +214,19 @@ def _a2a_host(x, lse32, comm, base_e, seq_lens, query_start_loc, dtype):
     return round_from_float64(acc, dtype), global_lse.astype(np.float32)
 
 
-def _ag_rs_host(x, lse32, comm, base_e, seq_lens, query_start_loc, dtype):
-    """All-gather the LSEs, correct, reduce-scatter (float64); same results as ``_a2a_host``."""
+def _ag_rs_host(x, lse32, comm, base_e, seq_lens, query_start_loc, dtype, signed):
+    """All-gather the LSEs (signed), correct, reduce-scatter (float64); same results as
+    ``_a2a_host``."""
     B, H, D = x.shape
     n = comm.world_size
-    lse32 = np.array(lse32, dtype=np.float32)  # a private copy: masking writes it
-    mask_lse_host(lse32, seq_lens, query_start_loc)
-    lses = np.empty((n, B, H), dtype=np.float32)
-    comm.allgather_host(lse32, lses)
+    nbytes = B * H * 4
+    send_rows, recv_rows = _rows(1, nbytes), _rows(n, nbytes)
+    mine = _in_rows(send_rows, (1, B, H), np.float32)[0]
+    mine[...] = lse32  # a private C-ordered copy (any strides in): masking writes it
+    mask_lse_host(mine, seq_lens, query_start_loc)
+    comm.exchange_signed(send_rows, recv_rows, signed[1], signed[0])
+    recv_rows[comm.rank, :nbytes] = send_rows[0, :nbytes]
+    lses = _in_rows(recv_rows, (n, B, H), np.float32)
     corrected = np.empty((n, B, H // n, D), dtype=np.float64)
     agrs_correct_host(x.astype(np.float32), lses, comm.rank, corrected, base_e)
     summed = np.empty((B, H // n, D), dtype=np.float64)

@@ -1,7 +1,8 @@
 """Launches of Numba kernels from their cubin, each kernel specialised once.
 
 Each kernel is compiled once for one signature; its cubin (Numba's own
-compilation) is loaded and launched by the process's launcher (one of
+compilation, kept on disk by ``_cache`` so that a later process loads it
+instead) is loaded and launched by the process's launcher (one of
 :data:`LAUNCHERS`, chosen once: :func:`choose_launcher`). The arguments follow
 Numba's kernel ABI: every array becomes ``meminfo, parent, nitems, itemsize,
 data, shape..., strides...`` (all 64-bit; strides in bytes), and every scalar
@@ -23,6 +24,8 @@ import threading
 import numpy as np
 from numba import config, cuda, from_dtype
 from numba.core import types
+
+from . import _cache
 
 __all__ = ["DeviceArray", "LAUNCHERS", "SpecializedKernel", "choose_launcher"]
 
@@ -186,14 +189,11 @@ class SpecializedKernel:
         self._dispatcher = dispatcher
         if self.launcher == "numba":
             return
-        dispatcher.compile(self.argtypes)
-        compiled = dispatcher.overloads[self.argtypes]
         cc = cuda.get_current_device().compute_capability
-        cubin = compiled.library.get_cubin(cc=cc)
-        cubin = getattr(cubin, "code", cubin)
-        name = compiled.entry_name
+        cubin, name, self._compiled = _cache.cuda_image(dispatcher, self.argtypes, cc)
+        self._image, self._entry = cubin, name
         if self.launcher == "driver":
-            self._cubin, self._name = bytes(cubin), name.encode()
+            self._cubin, self._name = cubin, name.encode()
             self._driver_setup(sum(map(_abi_words, self.argtypes)))
         elif self.launcher == "core":
             from cuda.core import LaunchConfig, ObjectCode, launch
@@ -219,8 +219,10 @@ class SpecializedKernel:
     def resident_blocks(self, block):
         """How many blocks of shape ``block`` the current GPU holds at once (on all
         its SMs), by the CUDA occupancy calculator for this kernel's registers."""
-        self._dispatcher.compile(self.argtypes)  # once: the numba launcher compiles lazily
-        return self._dispatcher.overloads[self.argtypes].max_cooperative_grid_blocks(block)
+        if self.launcher == "numba" or self._compiled:  # Numba holds the compiled overload
+            self._dispatcher.compile(self.argtypes)  # once: the numba launcher compiles lazily
+            return self._dispatcher.overloads[self.argtypes].max_cooperative_grid_blocks(block)
+        return _resident_blocks(self._image, self._entry, block)
 
     def __call__(self, grid, block, stream_ptr, args):
         """Launch on ``stream_ptr`` with ``args``: DeviceArrays and ints, in signature order."""
@@ -334,6 +336,20 @@ class _DriverLaunch:
             err, = self._launch(self._config, function, self._pointers_ptr, 0)
         if err:
             _check(_driver(), err, "cuLaunchKernelEx")
+
+
+def _resident_blocks(cubin, name, block):
+    """:meth:`SpecializedKernel.resident_blocks` of a kernel loaded from ``cubin`` (by
+    the driver's occupancy calculator, as Numba's ``max_cooperative_grid_blocks``)."""
+    ctx = cuda.current_context()
+    module = ctx.create_module_image(cubin)
+    try:
+        function = module.get_function(name)
+        threads = int(np.prod(block)) if isinstance(block, tuple) else int(block)
+        per_sm = ctx.get_active_blocks_per_multiprocessor(function, threads, 0)
+    finally:
+        ctx.unload_module(module)
+    return per_sm * ctx.device.MULTIPROCESSOR_COUNT
 
 
 def _dims(grid, block):

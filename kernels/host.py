@@ -2,7 +2,8 @@
 
 They share the row math of ``_math`` with the CUDA kernels and work on NumPy
 arrays: ``pack_host`` on bit patterns, ``combine_host`` on float32 partials
-accumulated in float64. Compiled lazily, on first use.
+accumulated in float64. Compiled lazily, on first use, and kept in the
+kernel cache (``_cache``): a later process loads them instead.
 """
 
 import functools
@@ -10,6 +11,7 @@ import functools
 import numpy as np
 from numba import njit, prange
 
+from ._cache import cached_njit
 from ._format import LSE_HALF_BITS, LSE_HALF_MASK
 from ._math import NEG_INF_BITS, build_mask, build_math, build_row_weights
 
@@ -49,7 +51,7 @@ def _compiled(parallel):
     lse_mask, lse_shift = np.uint32(LSE_HALF_MASK), np.uint32(LSE_HALF_BITS)
     global_lse, shard_weight, zero = m.global_lse, m.shard_weight, m.zero
 
-    @njit(parallel=parallel, error_model="numpy")
+    @cached_njit(parallel=parallel, error_model="numpy")
     def pack(data, lse_bits, seq_lens, query_start_loc, num_seqs, send):
         n, b_count, hn, width = send.shape
         d_count = data.shape[2]
@@ -69,7 +71,7 @@ def _compiled(parallel):
                 send[r, b, h, d_count] = bits & lse_mask
                 send[r, b, h, d_count + 1] = bits >> lse_shift
 
-    @njit(parallel=parallel, error_model="numpy")
+    @cached_njit(parallel=parallel, error_model="numpy")
     def combine(parts, lses, out, out_lse, base_e):
         n, b_count, hn, d_count = parts.shape
         for row in prange(b_count * hn):
@@ -124,13 +126,13 @@ def _compiled_agrs():
     m, row_is_empty, row_weights = _host_math()
     global_lse, shard_weight, zero = m.global_lse, m.shard_weight, m.zero
 
-    @njit(error_model="numpy")
+    @cached_njit(error_model="numpy")
     def mask(lse, seq_lens, query_start_loc, num_seqs):
         for b in range(lse.shape[0]):
             if row_is_empty(b, seq_lens, query_start_loc, num_seqs):
                 lse[b, :] = -np.inf
 
-    @njit(error_model="numpy")
+    @cached_njit(error_model="numpy")
     def correct(data, lses, self_rank, base_e, corrected):
         n, b_count, hn, d_count = corrected.shape
         for b in range(b_count):
@@ -140,7 +142,7 @@ def _compiled_agrs():
                 for d in range(d_count):
                     corrected[head // hn, b, head % hn, d] = w * data[b, head, d] if w != zero else zero
 
-    @njit(error_model="numpy")
+    @cached_njit(error_model="numpy")
     def local_lse(lses, self_rank, hn, base_e, out_lse):
         for b in range(out_lse.shape[0]):
             for h in range(hn):

@@ -9,7 +9,9 @@ exact output of heads r*H/N ... (r+1)*H/N-1. The result is checked against
 full attention over the gathered KV; a mismatch exits non-zero.
 
 Runs on GPUs (CuPy, one per rank) when present, else on the CPU with NumPy;
-``--device cpu`` forces the host path.
+``--device cpu`` forces the host path. Ranks that share a GPU (more ranks than
+GPUs) still run: NCCL refuses that, so cupy_dcp warns and exchanges their
+device arrays through host memory with MPI (exact, slower).
 """
 
 import argparse

@@ -5,9 +5,10 @@ Run: mpiexec -n 2 python tests/host_faults_worker.py SCENARIO
 - ``diverge``: rank 1 calls with one more token; with ``check_consistency``
   every rank raises the same ValueError naming the field and the rank.
 - ``bad_rank``: rank 1 passes an integer LSE; it raises its TypeError, every
-  other rank a ValueError naming rank 1.
+  other rank a TypeError naming rank 1.
 - ``timeout``: rank 1 is late by 3 s; rank 0's exchange, bounded at 1 s, raises
-  RuntimeError in time (rank 1 then joins, so the job ends cleanly).
+  RuntimeError in time; rank 1 then joins the same call, which raises
+  RuntimeError too (rank 0 gave up on it), so the job ends cleanly.
 
 Each rank reports its scenario and the message it checked (``run_worker``); anything
 else aborts the job.
@@ -49,13 +50,13 @@ def main(scenario):
         x, lse = inputs(3)
         if rank == 1:
             lse = lse.astype(np.int32)
-        kind = TypeError if rank == 1 else ValueError
-        msg = expect_raise(kind, lambda: cupy_dcp.dcp_a2a_lse_reduce(
+        msg = expect_raise(TypeError, lambda: cupy_dcp.dcp_a2a_lse_reduce(
             x, lse, world, check_consistency=True))
         assert rank == 1 or "rank 1 failed its checks" in msg, msg
     elif scenario == "timeout":
         comm = cupy_dcp.Communicator.from_mpi(world, timeout=1.0)
         x, lse = inputs(3)
+        cupy_dcp.dcp_a2a_lse_reduce(x, lse, MPI.COMM_SELF)  # compiled before the clock starts
         if rank == 0:
             t0 = time.monotonic()
             msg = expect_raise(RuntimeError, lambda: cupy_dcp.dcp_a2a_lse_reduce(x, lse, comm))
@@ -63,12 +64,10 @@ def main(scenario):
             assert "did not complete within 1.0 s" in msg and waited < 2.5, (msg, waited)
         else:
             time.sleep(3.0)
-            msg = "late by 3 s"
-        # rank 1 joins the same exchange late, so the pending collective completes
-        send = np.zeros((world.size, 3, 2, 9), np.float32)
-        if rank == 1:
-            comm.timeout = None
-            comm.alltoall_host(send, np.empty_like(send))
+            # rank 1 joins the same call late: its exchange completes, and it learns that
+            # rank 0 gave up on it
+            msg = expect_raise(RuntimeError, lambda: cupy_dcp.dcp_a2a_lse_reduce(x, lse, comm))
+            assert "rank 0 gave up waiting for rank 1" in msg, msg
     else:
         raise ValueError(f"unknown scenario {scenario!r}")
     world.Barrier()

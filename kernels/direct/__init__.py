@@ -18,6 +18,8 @@ rank sharing a GPU is resident at once. ``docs/direct-kernels.md`` gives the
 protocols and the argument why no call overwrites data that is still read.
 """
 
+import functools
+
 import numpy as np
 from numba import types
 
@@ -56,6 +58,7 @@ def _protocol_kernel(protocol, codec, n, push_group, group, halves, dependent, t
     return tiles_kernel(codec, n, push_group, group, halves, dependent, trace=trace)
 
 
+@functools.cache  # one SpecializedKernel each: loading a module may wait for running kernels
 def direct_kernel(dtype, n, push_bits, pairs=False, push_group=WARP, group=WARP,
                   dependent=False, trace=False, protocol=Protocol.TILES):
     """The direct kernel of ``protocol`` for output ``dtype`` (bfloat16 ``pairs``:

@@ -1,0 +1,179 @@
+"""What a plan compiles, and how the ranks of a node share a cold compile.
+
+A plan compiles, when it is built, every kernel that its calls can launch and
+no other: the variants its dtype and head size allow (16-bit data moved as
+words where the arrays allow it, bfloat16 combined in pairs), and for the
+direct plan only the paths (word by word, in lines, in tiles) that some call
+of at most ``max_tokens`` tokens takes on the blocks that every rank can hold
+(:func:`direct_paths`).
+
+The kernels are listed as *tasks* (functions of no argument that build one
+kernel: compiled, or loaded from the kernel cache). :func:`build_shared`
+splits them among the ranks of a node: each builds its share, which lands in
+the cache, and after one collective every rank builds the rest, which it then
+loads (or compiles, where an entry is missing).
+"""
+
+import functools
+
+import numpy as np
+
+from .layout import BFLOAT16, lse_pack_dim
+from .kernels._rows import WARP, lanes_per_row
+
+__all__ = ["a2a_tasks", "agrs_tasks", "build_shared", "direct_paths", "direct_residency",
+           "direct_tasks", "share_compiles"]
+
+PATHS = ("tiles", "words", "lines")  # the order of a direct plan's residency list
+
+
+def a2a_tasks(dtype, head_dim):
+    """The pack and combine kernels of a :class:`DcpA2APlan`."""
+    from .kernels.combine import combine_kernel
+    from .kernels.pack import pack_kernel
+
+    dtype, D = np.dtype(dtype), int(head_dim)
+    bits = np.dtype(np.uint32 if dtype.itemsize == 4 else np.uint16)
+    tasks = [functools.partial(pack_kernel, bits, lanes_per_row(D)),
+             functools.partial(combine_kernel, dtype, False, lanes_per_row(D))]
+    if bits.itemsize == 2 and D % 2 == 0:  # the word-wide variants
+        tasks.append(functools.partial(pack_kernel, np.dtype(np.uint32), lanes_per_row(D // 2)))
+        if dtype == BFLOAT16:
+            tasks.append(functools.partial(combine_kernel, dtype, True, lanes_per_row(D // 2)))
+    return tasks
+
+
+def agrs_tasks(dtype, num_heads, head_dim):
+    """The kernels of a :class:`DcpAgRsPlan`."""
+    from .kernels.agrs import correct_kernel, finish_kernel, mask_kernel
+
+    group = lanes_per_row(int(head_dim))
+    return [functools.partial(correct_kernel, np.dtype(dtype), group),
+            functools.partial(finish_kernel, np.dtype(dtype), group),
+            functools.partial(mask_kernel, lanes_per_row(int(num_heads), 1))]
+
+
+def direct_tasks(dtype, n, bits, head_dim, dependent, path):
+    """The direct kernels of one ``path`` (one of :data:`PATHS`), one task each: those
+    of ``call_kernels`` (which builds them all at once), in its order."""
+    from .kernels.direct import Protocol, direct_kernel
+
+    dtype, bits, D = np.dtype(dtype), np.dtype(bits), int(head_dim)
+    words = np.dtype(np.uint32)
+    options = dict(protocol=Protocol(path))
+    variants = [(bits, False, lanes_per_row(D), lanes_per_row(D))]
+    if bits.itemsize == 2 and D % 2 == 0:  # 16-bit data as words, and bfloat16 in pairs
+        variants.append((words, False, lanes_per_row(D // 2), lanes_per_row(D)))
+        if dtype == BFLOAT16:
+            variants.append((words, True, lanes_per_row(D // 2), lanes_per_row(D // 2)))
+    return [functools.partial(direct_kernel, dtype, n, push_bits, pairs, push_group, group,
+                              bool(dependent), **options)
+            for push_bits, pairs, push_group, group in variants]
+
+
+def direct_paths(n, max_tokens, local_heads, width, itemsize, max_blocks, ll_max_blocks,
+                 line_max_blocks, protocols=PATHS):
+    """The paths that the calls of a direct plan take, of its ``protocols`` (names of
+    :data:`PATHS`): those that :func:`region_grid <cupy_dcp.kernels.direct.region_grid>`
+    picks for some call of 1 to ``max_tokens`` tokens, on the windows' regions
+    for these sizes and on these blocks (the fewest that every rank holds;
+    ``None``: not known yet, so that a path's kernels are counted in wherever
+    its region takes a row)."""
+    from .kernels.direct import line_rows, region_grid, window_layout
+
+    words, lines = "words" in protocols, "lines" in protocols
+    unknown = None in (ll_max_blocks, line_max_blocks)
+    rows = line_rows(n, max_tokens, local_heads, width, itemsize, line_max_blocks or 1) \
+        if lines and not unknown else 0
+    layout = window_layout(n, max_tokens, local_heads, width, itemsize,
+                           rows=None if words else 0, line_rows=rows)
+    if unknown:
+        found = set(PATHS)
+        if not words or local_heads > layout.ll_shape[2]:
+            found.discard("words")
+        if not lines or not line_rows(n, max_tokens, local_heads, width, itemsize, 1):
+            found.discard("lines")
+        return found
+    found = set()
+    for tokens in range(1, int(max_tokens) + 1):
+        found.add(region_grid(n, tokens * local_heads, layout.ll_shape, layout.line_shape,
+                              max_blocks or 1, ll_max_blocks, line_max_blocks).protocol.value)
+        if len(found) == len(PATHS):
+            break
+    return found
+
+
+def direct_residency(comm, dtype, bits, head_dim, max_tokens, local_heads, dependent,
+                     protocols, sharing):
+    """Collective: build the direct kernels that the plan's calls can take and return
+    the blocks of each path's kernels that fit at once (the fewest among a path's
+    variants), in :data:`PATHS` order; a path that no call takes gets the most of
+    the others (it bounds nothing). ``protocols``: the plan's (agreed by every
+    rank); ``sharing``: the ranks on this rank's GPU."""
+    from .kernels.direct import WARPS
+
+    n = comm.world_size
+    mpi = comm.mpi_comm
+    width = int(head_dim) + lse_pack_dim(dtype)
+    sizes = (n, int(max_tokens), int(local_heads), width, np.dtype(bits).itemsize)
+    threads = WARP * WARPS
+
+    def resident(path):
+        kernels = build_shared(mpi, direct_tasks(dtype, n, bits, head_dim, dependent, path))
+        return min(k.resident_blocks(threads) for k in kernels)
+
+    first = [p for p in ("words", "lines")
+             if p in direct_paths(*sizes, None, None, None, protocols)]
+    found = {p: resident(p) for p in first}
+    # the blocks every rank can count on, as the plan reckons them: ranks that share a
+    # GPU bound every kernel by the fewest of any (the kernels of no call's path aside)
+    counted = {p: min(found.values()) if sharing > 1 else r for p, r in found.items()}
+    caps = [max(1, counted.get(p, 0) // sharing) for p in ("words", "lines")]
+    caps = [min(c) for c in zip(*mpi.allgather(caps))]
+    needed = direct_paths(*sizes, None, caps[0], caps[1], ("tiles",) + tuple(first))
+    if "tiles" in needed or not found:
+        found["tiles"] = resident("tiles")
+    placeholder = max(found.values())
+    return [found.get(p, placeholder) for p in PATHS]
+
+
+_sharing = [True]
+
+
+def share_compiles(enabled):
+    """Whether :func:`build_shared` splits the first runs among a node's ranks (on by
+    default; off, each rank runs every task itself: for measurements)."""
+    _sharing[0] = bool(enabled)
+
+
+def build_shared(mpi_comm, tasks):
+    """Collective over ``mpi_comm`` (``None``: this process alone): run every task and
+    return their results in order, the node's ranks sharing the first run of each.
+
+    Rank ``i`` of the node's ``k`` runs tasks ``i, i + k, ...`` first (what it
+    compiles lands in the kernel cache); after every rank of ``mpi_comm`` has
+    (one collective, which also carries failures: a task that raised on any rank
+    raises ``RuntimeError`` on every rank), each runs all of them, loading the
+    others' from the cache. Without a cache there is nothing to share: each
+    rank runs every task itself.
+    """
+    from .kernels import _cache
+
+    tasks = list(tasks)
+    if (mpi_comm is None or mpi_comm.Get_size() == 1 or _cache.cache_dir() is None
+            or not _sharing[0]):
+        return [task() for task in tasks]
+    from .comm import node_rank_and_size
+
+    me, size = node_rank_and_size(mpi_comm)
+    error = None
+    try:
+        for task in tasks[me::size]:
+            task()
+    except Exception as exc:  # the others must not wait for this rank
+        error = f"{type(exc).__name__}: {exc}"
+    failed = [(rank, e) for rank, e in enumerate(mpi_comm.allgather(error)) if e]
+    if failed:
+        rank, detail = failed[0]
+        raise RuntimeError(f"rank {rank} failed to compile a kernel: {detail}")
+    return [task() for task in tasks]

@@ -1,0 +1,121 @@
+"""Fill the kernel cache ahead of time, for the plans of one layer shape.
+
+Run::
+
+    python -m cupy_dcp.warmup --dtype bfloat16 --heads 128 --head-dim 512 \\
+        --world-size 8 --max-tokens 256 [--cc 9.0] [--plans a2a,direct,agrs]
+
+On a machine with a GPU it compiles, for that GPU, the CUDA kernels that the
+named plans of that shape can launch (the direct plan's every path, plain and,
+on Hopper or later, as programmatic dependents: which of them a run takes
+depends on how its ranks sit on the GPUs) and stores their cubins. With
+``--cc MAJOR.MINOR`` it needs no GPU nor driver: it stores their PTX for that
+compute capability, which the first process to load a kernel on a GPU links
+into a cubin (and stores). The cache is the one a run would use
+(``cupy_dcp.kernels._cache``: ``CUPY_DCP_CACHE_DIR`` moves it). Prints a
+line per kernel and a summary; exits 1 if the cache is off.
+"""
+
+import argparse
+import sys
+import time
+
+PLANS = ("a2a", "direct", "agrs")
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(prog="python -m cupy_dcp.warmup",
+                                     description="Fill the kernel cache for one layer shape.")
+    parser.add_argument("--dtype", required=True, help="float16, bfloat16 or float32")
+    parser.add_argument("--heads", type=int, required=True, help="H, all heads")
+    parser.add_argument("--head-dim", type=int, required=True, help="D")
+    parser.add_argument("--world-size", type=int, required=True, help="N, ranks of a group")
+    parser.add_argument("--max-tokens", type=int, required=True, help="the plans' max_tokens")
+    parser.add_argument("--cc", help="compute capability MAJOR.MINOR: PTX, without a GPU")
+    parser.add_argument("--plans", default=",".join(PLANS),
+                        help=f"comma-separated, of {', '.join(PLANS)} (default: all)")
+    args = parser.parse_args(argv)
+    args.plans = [p for p in args.plans.split(",") if p]
+    bad = [p for p in args.plans if p not in PLANS]
+    if bad:
+        parser.error(f"--plans takes {', '.join(PLANS)} (got {', '.join(bad)})")
+    if args.cc is not None:
+        try:
+            major, minor = (int(v) for v in args.cc.split("."))
+        except ValueError:
+            parser.error(f"--cc must be MAJOR.MINOR, e.g. 9.0 (got {args.cc!r})")
+        args.cc = (major, minor)
+    for name in ("heads", "head_dim", "world_size", "max_tokens"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
+    if args.heads % args.world_size:
+        parser.error(f"--heads must be a multiple of --world-size (got {args.heads} heads "
+                     f"for {args.world_size} ranks)")
+    return args
+
+
+def tasks(args):
+    """``(name, task)`` of every kernel to warm: each task builds a kernel wrapper."""
+    import numpy as np
+
+    from . import _compile
+    from .layout import as_dtype, bits_dtype, lse_pack_dim
+
+    dtype = as_dtype(args.dtype)
+    n, D = args.world_size, args.head_dim
+    bits = bits_dtype(dtype)
+    found = []
+    if "a2a" in args.plans:
+        found += [(f"a2a #{i}", t) for i, t in enumerate(_compile.a2a_tasks(dtype, D))]
+    if "agrs" in args.plans:
+        found += [(f"agrs #{i}", t)
+                  for i, t in enumerate(_compile.agrs_tasks(dtype, args.heads, D))]
+    if "direct" in args.plans and n > 1:
+        width, hn = D + lse_pack_dim(dtype), args.heads // n
+        paths = _compile.direct_paths(n, args.max_tokens, hn, width, np.dtype(bits).itemsize,
+                                      None, None, None)
+        cc = args.cc or _current_capability()
+        for dependent in (False, True) if cc >= (9, 0) else (False,):
+            for path in sorted(paths):
+                for i, t in enumerate(_compile.direct_tasks(dtype, n, bits, D, dependent, path)):
+                    found.append((f"direct {path}{' dependent' if dependent else ''} #{i}", t))
+    return found
+
+
+def _current_capability():
+    from numba import cuda
+
+    return tuple(cuda.get_current_device().compute_capability)
+
+
+def main(argv=None):
+    args = parse(sys.argv[1:] if argv is None else argv)
+    from .kernels import _cache
+
+    if args.cc is not None:
+        from .kernels._launch import choose_launcher
+
+        choose_launcher("numba")  # the wrappers then compile nothing: the PTX is made below
+
+    folder = _cache.cache_dir()
+    if folder is None:
+        print("the kernel cache is off (CUPY_DCP_CACHE=0 or CUPY_DCP_CACHE_DIR empty): "
+              "nothing to fill", file=sys.stderr)
+        return 1
+    start = time.perf_counter()
+    for name, task in tasks(args):
+        began = time.perf_counter()
+        kernel = task()
+        if args.cc is not None:
+            _cache.cuda_ptx(kernel._dispatcher, kernel.argtypes, args.cc)
+        print(f"{name}: {time.perf_counter() - began:.1f} s", flush=True)
+    counts = _cache.stats()
+    target = f"sm_{args.cc[0]}{args.cc[1]} PTX" if args.cc else "this GPU's cubins"
+    print(f"{target} in {folder}: {counts['compiled']} compiled, {counts['loaded']} already "
+          f"there, {counts['stored']} stored, in {time.perf_counter() - start:.1f} s",
+          flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""What a plan compiles (``cupy_dcp._compile``): the direct plan's paths, and the
+node's ranks sharing a cold compile."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from _helpers import mpiexec_env
+
+from cupy_dcp._compile import PATHS, a2a_tasks, build_shared, direct_paths
+from cupy_dcp.kernels.direct import line_rows, region_grid, window_layout
+from cupy_dcp.layout import as_dtype
+
+HERE = Path(__file__).resolve().parent
+BF16 = as_dtype("bfloat16")
+WIDTH = 512 + 2  # D = 512 and the LSE's two 16-bit lanes
+
+
+def paths_taken(n, max_tokens, hn, width, itemsize, ll_blocks, line_blocks, protocols):
+    """The paths of every call of 1..max_tokens tokens, one by one (the plan's layout)."""
+    rows = line_rows(n, max_tokens, hn, width, itemsize, line_blocks) \
+        if "lines" in protocols else 0
+    layout = window_layout(n, max_tokens, hn, width, itemsize,
+                           rows=None if "words" in protocols else 0, line_rows=rows)
+    taken = set()
+    for tokens in range(1, max_tokens + 1):
+        taken.add(region_grid(n, tokens * hn, layout.ll_shape, layout.line_shape, 7, ll_blocks,
+                              line_blocks).protocol.value)
+    return taken
+
+
+def test_a_small_plan_needs_no_tiles():
+    assert direct_paths(2, 4, 64, WIDTH, 2, None, 132, 132) == {"words"}
+    assert direct_paths(2, 8, 64, WIDTH, 2, None, 132, 132) == {"words", "lines"}
+    assert direct_paths(2, 8, 64, WIDTH, 2, None, 132, 132, ("tiles", "words")) == \
+        {"words", "tiles"}
+    assert direct_paths(2, 8, 64, WIDTH, 2, None, 132, 132, ("tiles", "lines")) == \
+        {"lines"}  # without words, lines take every call
+
+
+def test_a_large_plan_or_few_blocks_needs_tiles():
+    assert direct_paths(2, 64, 64, WIDTH, 2, None, 132, 132) == set(PATHS)
+    # two blocks: even one token's 64 rows make tiles of 32, past words' and lines' most
+    assert direct_paths(2, 8, 64, WIDTH, 2, None, 2, 2) == {"tiles"}
+
+
+def test_paths_match_every_call():
+    for n, max_tokens, hn, blocks in ((2, 16, 64, 132), (4, 40, 8, 20), (8, 3, 128, 66),
+                                      (3, 100, 1, 5)):
+        for protocols in (PATHS, ("tiles", "words"), ("tiles", "lines"), ("tiles",)):
+            want = paths_taken(n, max_tokens, hn, WIDTH, 2, blocks, blocks, protocols)
+            assert direct_paths(n, max_tokens, hn, WIDTH, 2, None, blocks, blocks,
+                                protocols) == want, (n, max_tokens, hn, blocks, protocols)
+
+
+def test_unknown_blocks_count_every_reachable_path():
+    assert direct_paths(2, 64, 64, WIDTH, 2, None, None, None) == set(PATHS)
+    assert direct_paths(2, 64, 64, WIDTH, 2, None, None, None, ("tiles", "words")) == \
+        {"words", "tiles"}
+    assert direct_paths(2, 64, 64, WIDTH, 2, None, None, None, ("tiles", "lines")) == \
+        {"lines", "tiles"}
+    assert "words" not in direct_paths(2, 4, 300, WIDTH, 2, None, None, None)  # 300 rows > 256
+
+
+def test_a2a_variants():
+    assert len(a2a_tasks(BF16, 512)) == 4  # pack by 16 bits and by words, combine plain and pairs
+    assert len(a2a_tasks(np.dtype(np.float16), 512)) == 3
+    assert len(a2a_tasks(np.dtype(np.float16), 511)) == 2  # an odd D: no words
+    assert len(a2a_tasks(np.dtype(np.float32), 512)) == 2
+
+
+CALL_KERNELS = """
+from cupy_dcp.kernels._launch import choose_launcher
+choose_launcher("numba")  # building a wrapper compiles nothing
+import numpy as np
+from cupy_dcp._compile import PATHS, direct_tasks
+from cupy_dcp.kernels.direct import Protocol, call_kernels
+from cupy_dcp.layout import as_dtype
+checked = 0
+for dtype, bits, d in (("bfloat16", np.uint16, 512), ("float16", np.uint16, 72),
+                       ("float16", np.uint16, 33), ("float32", np.uint32, 300)):
+    for n in (2, 3):
+        for path in PATHS:
+            for dependent in (False, True):
+                want = call_kernels(as_dtype(dtype), n, np.dtype(bits), d, dependent,
+                                    Protocol(path))
+                got = [task() for task in direct_tasks(as_dtype(dtype), n, bits, d, dependent,
+                                                       path)]
+                assert [(k._dispatcher, k.argtypes, k.dependent) for k in got] == \
+                    [(k._dispatcher, k.argtypes, k.dependent) for k in want], \
+                    (dtype, d, n, path, dependent)
+                checked += 1
+print("checked", checked)
+"""
+
+
+def test_direct_tasks_are_call_kernels_one_by_one():
+    proc = subprocess.run([sys.executable, "-c", CALL_KERNELS], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["checked", "48"]
+
+
+def test_build_shared_alone_runs_every_task_once():
+    runs = []
+    assert build_shared(None, [lambda i=i: runs.append(i) or i for i in range(3)]) == [0, 1, 2]
+    assert runs == [0, 1, 2]
+
+
+def test_ranks_share_the_first_run(tmp_path, mpiexec):
+    proc = subprocess.run(mpiexec(3) + [sys.executable, str(HERE / "build_shared_worker.py")],
+                          env=mpiexec_env(CUPY_DCP_CACHE_DIR=str(tmp_path)),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(line for line in proc.stdout.splitlines() if line.endswith(" ok")) == \
+        [f"rank {r} ok" for r in range(3)]

@@ -1,0 +1,76 @@
+"""``python -m cupy_dcp.warmup`` and ``python -m cupy_dcp.bench --startup`` on the CPU:
+PTX for a named compute capability without a GPU, and start-up runs of the host path,
+cold and warm (each in a kernel cache folder of its test)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from _helpers import mpiexec_env
+
+from test_cache import _toolchain_problem, entries
+
+WARMUP = [sys.executable, "-m", "cupy_dcp.warmup", "--dtype", "bfloat16", "--heads", "4",
+          "--head-dim", "8", "--world-size", "2", "--max-tokens", "2"]
+
+
+def warm(folder, *extra):
+    return subprocess.run(WARMUP + list(extra), capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, CUPY_DCP_CACHE_DIR=str(folder)))
+
+
+def test_warmup_fills_the_cache_for_a_named_capability(tmp_path):
+    problem = _toolchain_problem()
+    if problem:
+        pytest.skip(f"no NVVM here: {problem}")
+    first = warm(tmp_path, "--cc", "9.0", "--plans", "a2a")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "sm_90 PTX" in first.stdout and ": 4 compiled, 0 already there, 4 stored" in \
+        first.stdout, first.stdout
+    assert len(entries(tmp_path)) == 4
+    again = warm(tmp_path, "--cc", "9.0", "--plans", "a2a")
+    assert ": 0 compiled, 4 already there, 0 stored" in again.stdout, again.stdout
+    other = warm(tmp_path, "--cc", "8.0", "--plans", "a2a")  # another target: its own entries
+    assert ": 4 compiled, 0 already there, 4 stored" in other.stdout, other.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--cc", "nine"], "--cc must be MAJOR.MINOR, e.g. 9.0 (got 'nine')"),
+    (["--plans", "a2a,bogus"], "--plans takes a2a, direct, agrs (got bogus)"),
+])
+def test_warmup_rejects_bad_arguments(tmp_path, argv, message):
+    proc = warm(tmp_path, *argv)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_warmup_with_the_cache_off_says_so(tmp_path):
+    proc = subprocess.run(WARMUP + ["--cc", "9.0"], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, CUPY_DCP_CACHE="0"))
+    assert proc.returncode == 1 and "the kernel cache is off" in proc.stderr
+
+
+def test_startup_of_the_host_path_cold_then_warm(tmp_path):
+    out = tmp_path / "startup.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "cupy_dcp.bench", "--startup", "--kinds", "host", "--ranks", "2",
+         "--tokens", "2", "--heads", "4", "--head-dim", "8", "--json", str(out)],
+        capture_output=True, text=True, timeout=900, env=mpiexec_env())
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    cold, warm_run = json.loads(out.read_text())
+    assert (cold["kind"], cold["cache"], warm_run["cache"]) == ("host", "cold", "warm")
+    assert cold["compiled"] >= 2 and cold["loaded"] == 0  # both ranks' pack and combine
+    assert warm_run["compiled"] == 0 and warm_run["loaded"] == cold["compiled"]
+    for record in (cold, warm_run):
+        steps = record["import"] + record["plan"] + record["first_call"]
+        assert 0 < steps <= record["since_start"], record
+    assert "host         2 cold" in proc.stdout and "host         2 warm" in proc.stdout
+
+
+def test_startup_gives_nccl_plans_no_more_ranks_than_gpus():
+    from cupy_dcp._startup import ranks_of
+
+    assert ranks_of("a2a", 2, 1) == 1 and ranks_of("agrs", 4, 2) == 2
+    assert ranks_of("direct", 2, 1) == 2 and ranks_of("host", 4, 0) == 4
+    assert ranks_of("a2a", 2, 0) == 1
