@@ -188,7 +188,7 @@ def run_worker(main, *args):
         MPI.COMM_WORLD.Abort(1)
     world = MPI.COMM_WORLD
     record = {"rank": world.Get_rank(), "size": world.Get_size(), **(result or {})}
-    print(RESULT_TAG + json.dumps(record), flush=True)
+    print(RESULT_TAG + json.dumps(record, default=str), flush=True)
 
 
 def worker_results(stdout):
