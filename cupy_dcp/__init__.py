@@ -12,9 +12,8 @@ Compiled kernels are kept on disk across processes (see
 ``python -m cupy_dcp.warmup`` fills that cache ahead of time.
 """
 
-import importlib
-
 from .kernels import _cache as _kernel_cache
+from .kernels._lazy import lazy_names
 
 _HOMES = {  # each public name and the module that defines it, imported on first use
     "Communicator": "comm",
@@ -58,20 +57,7 @@ def _kernel_cache_dir():  # read on the kernel cache's first use, not at import
 _kernel_cache.use_default(_kernel_cache_dir)
 
 
-def __getattr__(name):
-    """The public names, each imported with its module when first used: importing
-    the package loads neither Numba, nor CuPy, nor MPI."""
-    home = _HOMES.get(name)
-    if home is None:  # a submodule, as ``import`` would have bound it
-        try:
-            return importlib.import_module(f".{name}", __name__)
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":
-                raise
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(f".{home}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _HOMES)
 
 
 def __dir__():

@@ -1,9 +1,16 @@
-"""``python -m cupy_dcp.bench --kernels``: the pack and combine kernels alone, on one GPU.
+"""``python -m cupy_dcp.bench --kernels``: the pack, combine and AG+RS kernels alone, on one GPU.
 
-Each kernel is captured ``--calls`` times in a CUDA graph (so launch overhead
-is not timed) and replayed ``--reps`` times; its bytes read and written per
-call over the median time give GB/s, set beside the device-to-device copy
-bandwidth measured in the same run (bytes read plus written).
+The kernels see only buffer shapes, so N ranks' buffers ``[N, B, H/N, D+P]``
+are timed on one GPU for every N of ``--world-size``, dtype of ``--dtype``
+(a comma list), shape of ``--shapes`` and B of ``--tokens``: the pack (without
+and with a ``seq_lens``/``query_start_loc`` mask), the combine, ``agrs_correct``
+and ``agrs_finish``. Each kernel is captured ``--calls`` times in a CUDA graph
+(so launch overhead is not timed) and replayed ``--reps`` times; beside it,
+timed alike in its grid and block, the empty kernel (the launch floor) and a
+copy of the bytes it reads and writes (the copy floor: ``_floors``). Its
+bytes read and written per call over the median time give GB/s, also set
+beside the device-to-device copy bandwidth measured in the same run.
+``--json PATH`` writes every row (``_kernel_table``).
 
 The direct path's kernel is timed the same way with N = 2 ranks simulated in
 one process on one GPU: both ranks' calls at once on two streams, both
@@ -11,7 +18,7 @@ ranks' push phase alone, and the combine phase as both ranks' push then both
 ranks' combine (the data is then there before any combine polls) less the
 push, per rank. The windows are local memory here,
 so this is the kernel's own cost (flags, waits, combine) and not the NVLink
-transfer of a real two-GPU call.
+transfer of a real two-GPU call. ``--no-direct`` leaves it out.
 """
 
 import numpy as np
@@ -25,8 +32,9 @@ from .kernels._rows import WARP
 from .kernels.direct import (COMBINE, PUSH, STATE_WORDS, WARPS, Protocol, call_kernels,
                              direct_launch, window_layout)
 from .kernels.pack import pack_launch
-
-SHAPES = [(128, 512), (64, 128)]
+from .kernels.agrs import correct_launch, finish_launch
+from ._floors import copy_kernel, empty_kernel, quad_words
+from ._kernel_table import dtype_list, kernel_cases, kernel_row, kernel_table, write_rows
 
 
 def _graph_us(cupy, stream, fn, calls, reps):
@@ -112,54 +120,126 @@ def run_kernels(args):
 
     if MPI.COMM_WORLD.rank != 0:
         return
-    choose_launcher(_settings.launcher())  # CUPY_DCP_LAUNCHER picks the kernels' launcher
-    n = 2
-    dtype = as_dtype(args.dtype)
-    bits = bits_dtype(dtype)
-    value = combine_codec(dtype)[1]
+    launcher = choose_launcher(_settings.launcher())  # CUPY_DCP_LAUNCHER picks the launcher
     stream = cupy.cuda.Stream(non_blocking=True)
+    rows, direct = [], []
     with stream:
         memcpy, vector = copy_bandwidth(cupy, stream)
         copy = max(memcpy, vector)
         print(f"device-to-device copy (read + write): cudaMemcpyAsync {memcpy:.0f} GB/s, "
-              f"16-byte vector kernel {vector:.0f} GB/s; % below are of {copy:.0f} GB/s", flush=True)
-        print(f"{'B':>6} {'H':>4} {'D':>4} {'pack us':>8} {'pack GB/s':>10} {'%copy':>6} "
-              f"{'combine us':>10} {'comb GB/s':>10} {'%copy':>6}", flush=True)
-        for H, D in ([(args.heads, args.head_dim)] + SHAPES[1:]):
-            for B in args.tokens:
-                w = D + lse_pack_dim(dtype)
-                x = cupy.zeros((B, H, D), dtype=dtype)
-                lse = cupy.zeros((B, H), dtype=cupy.float32)
-                send = cupy.zeros((n, B, H // n, w), dtype=bits)
-                recv = cupy.zeros_like(send)
-                out = cupy.zeros((B, H // n, D), dtype=dtype)
-                out_lse = cupy.zeros((B, H // n), dtype=cupy.float32)
-                pk, pgrid, pblock, pargs = pack_launch(
-                    kernel_array(x, bits), kernel_array(lse, np.uint32), dummy_index(),
-                    dummy_index(), -1, kernel_array(send, bits), kernel_array(recv, bits), 0)
-                ck, cgrid, cblock, cargs = combine_launch(
-                    dtype, kernel_array(recv, bits), kernel_array(out, value),
-                    kernel_array(out_lse, np.float32), True)
-                p_us = _graph_us(cupy, stream, lambda: pk(pgrid, pblock, stream.ptr, pargs),
-                                 args.calls, args.reps)
-                c_us = _graph_us(cupy, stream, lambda: ck(cgrid, cblock, stream.ptr, cargs),
-                                 args.calls, args.reps)
-                p_bytes = x.nbytes + lse.nbytes + send.nbytes
-                c_bytes = recv.nbytes + out.nbytes + out_lse.nbytes
-                p_gbs, c_gbs = p_bytes / p_us / 1e3, c_bytes / c_us / 1e3
-                host_us = _host_launch_us(lambda: pk(pgrid, pblock, stream.ptr, pargs), stream)
-                if B == args.tokens[0] and H == args.heads:
-                    _launcher_costs(pk, pgrid, pblock, stream, pargs)
-                print(f"{B:>6} {H:>4} {D:>4} {p_us:>8.2f} {p_gbs:>10.0f} {100 * p_gbs / copy:>5.0f}% "
-                      f"{c_us:>10.2f} {c_gbs:>10.0f} {100 * c_gbs / copy:>5.0f}%  "
-                      f"(host {host_us:.1f} us per pack launch)", flush=True)
-        print("direct path, 2 ranks on this one GPU (local windows): us per rank per call", flush=True)
-        for B in args.tokens:
-            direct_us, (push_us, comb_us), pack_combine_us, host_us = _direct_round(
-                cupy, stream, args, dtype, B)
-            print(f"{B:>6} {args.heads:>4} {args.head_dim:>4} direct call {direct_us:8.2f} us "
-                  f"(push alone {push_us:.2f}, combine alone {comb_us:.2f}; pack + combine "
-                  f"{pack_combine_us:.2f} us; host {host_us:.1f} us per launch)", flush=True)
+              f"16-byte vector kernel {vector:.0f} GB/s; pct_device_copy is of {copy:.0f} GB/s",
+              flush=True)
+        print(f"graph of {args.calls} calls, median of {args.reps} replays; per kernel: us "
+              f"(+us over the empty kernel, x the copy of its bytes in its grid)", flush=True)
+        dtypes = dtype_list(args.dtype)
+        for dtype_name in dtypes:
+            for n in args.world_size:
+                group = []
+                for case in kernel_cases([dtype_name], [n], args.shapes, args.tokens):
+                    group += _case_rows(cupy, stream, args, case, copy,
+                                        first=not rows and not group)
+                rows += group
+                print(kernel_table(group), flush=True)
+        if not args.no_direct:
+            direct = _direct_rows(cupy, stream, args, dtypes[0])
+    if args.json_path:
+        device = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+        write_rows(args.json_path, rows, dict(
+            device=device, launcher=launcher, calls=args.calls, reps=args.reps,
+            memcpy_gbs=round(memcpy, 1), vector_copy_gbs=round(vector, 1), direct=direct))
+        print(f"{len(rows)} rows written to {args.json_path}", flush=True)
+
+
+def _case_kernels(cupy, case):
+    """``[(name, (kernel, grid, block, args), bytes read, bytes written)]`` of every
+    kernel of :data:`KERNELS` in ``case``, on zeroed buffers (the arrays stay alive
+    in the launches' arguments)."""
+    dtype_name, n, B, H, D = case
+    dtype = as_dtype(dtype_name)
+    bits = bits_dtype(dtype)
+    value = combine_codec(dtype)[1]
+    f32 = cupy.float32
+    x = cupy.zeros((B, H, D), dtype=dtype)
+    lse = cupy.zeros((B, H), dtype=f32)
+    send = cupy.zeros((n, B, H // n, D + lse_pack_dim(dtype)), dtype=bits)
+    recv = cupy.zeros_like(send)
+    out = cupy.zeros((B, H // n, D), dtype=dtype)
+    out_lse = cupy.zeros((B, H // n), dtype=f32)
+    # decode: a token per sequence, every fourth sequence with no KV here
+    seq_lens = cupy.asarray(np.where(np.arange(B) % 4 == 0, 0, 7).astype(np.int64))
+    starts = cupy.arange(B + 1, dtype=cupy.int64)
+    lses = cupy.zeros((n, B, H), dtype=f32)
+    corrected = cupy.zeros((n, B, H // n, D), dtype=f32)
+    summed = cupy.zeros((B, H // n, D), dtype=f32)
+
+    def pack(masked):
+        index = (kernel_array(seq_lens, np.int64), kernel_array(starts, np.int64), B) \
+            if masked else (dummy_index(), dummy_index(), -1)
+        return pack_launch(kernel_array(x, bits), kernel_array(lse, np.uint32), *index,
+                           kernel_array(send, bits), kernel_array(recv, bits), 0)
+
+    pack_read = x.nbytes + lse.nbytes
+    return [
+        ("pack", pack(False), pack_read, send.nbytes),
+        ("pack_masked", pack(True), pack_read + seq_lens.nbytes + starts.nbytes, send.nbytes),
+        ("combine", combine_launch(dtype, kernel_array(recv, bits), kernel_array(out, value),
+                                   kernel_array(out_lse, np.float32), True),
+         recv.nbytes, out.nbytes + out_lse.nbytes),
+        ("agrs_correct", correct_launch(dtype, kernel_array(x, value),
+                                        kernel_array(lses, np.float32), 0, True,
+                                        kernel_array(corrected, np.float32)),
+         x.nbytes + lses.nbytes, corrected.nbytes),
+        ("agrs_finish", finish_launch(dtype, kernel_array(summed, np.float32),
+                                      kernel_array(lses, np.float32), 0, True,
+                                      kernel_array(out, value), kernel_array(out_lse, np.float32)),
+         summed.nbytes + lses.nbytes // n, out.nbytes + out_lse.nbytes),
+    ]
+
+
+def _case_rows(cupy, stream, args, case, device_copy_gbs, first=False):
+    """The rows of ``case``: each kernel, then the empty and the copy kernel in its grid
+    and block over buffers of its bytes, timed alike (:func:`_graph_us`)."""
+    empty, copier = empty_kernel(), copy_kernel()
+    rows = []
+    for name, (kernel, grid, block, kargs), nread, nwritten in _case_kernels(cupy, case):
+        if name not in args.only:
+            continue
+        def timed(k, a):
+            return _graph_us(cupy, stream, lambda: k(grid, block, stream.ptr, a),
+                             args.calls, args.reps)
+
+        src = cupy.zeros(quad_words(nread), dtype=cupy.uint32)
+        dst = cupy.empty(quad_words(nwritten), dtype=cupy.uint32)
+        floor_args = (kernel_array(src, np.uint32), kernel_array(dst, np.uint32))
+        us, empty_us, copy_us = timed(kernel, kargs), timed(empty, floor_args), \
+            timed(copier, floor_args)
+        host_us = None
+        if name == "pack":  # its host cost per launch, and each launcher's in the first case
+            host_us = _host_launch_us(lambda: kernel(grid, block, stream.ptr, kargs), stream)
+            if first:
+                _launcher_costs(kernel, grid, block, stream, kargs)
+        rows.append(kernel_row(case, name, us, empty_us, copy_us, nread, nwritten,
+                               device_copy_gbs, grid, block, host_us))
+    return rows
+
+
+def _direct_rows(cupy, stream, args, dtype_name):
+    """The direct path's lines (2 ranks on this GPU, ``--heads`` x ``--head-dim``), and
+    their records."""
+    print("direct path, 2 ranks on this one GPU (local windows): us per rank per call", flush=True)
+    dtype = as_dtype(dtype_name)
+    records = []
+    for B in args.tokens:
+        direct_us, (push_us, comb_us), pack_combine_us, host_us = _direct_round(
+            cupy, stream, args, dtype, B)
+        print(f"{B:>6} {args.heads:>4} {args.head_dim:>4} direct call {direct_us:8.2f} us "
+              f"(push alone {push_us:.2f}, combine alone {comb_us:.2f}; pack + combine "
+              f"{pack_combine_us:.2f} us; host {host_us:.1f} us per launch)", flush=True)
+        records.append(dict(dtype=dtype_name, world_size=2, tokens=B, heads=args.heads,
+                            head_dim=args.head_dim, direct_us=round(direct_us, 3),
+                            push_us=round(push_us, 3), combine_us=round(comb_us, 3),
+                            pack_combine_us=round(pack_combine_us, 3), host_us=round(host_us, 2)))
+    return records
 
 
 def _direct_round(cupy, stream, args, dtype, B, n=2):

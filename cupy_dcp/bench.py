@@ -33,6 +33,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from ._kernel_table import add_kernel_args, check_kernel_args
 from .comm import Communicator
 from .layout import as_dtype, bits_dtype, send_buffer_shape
 
@@ -46,7 +47,8 @@ def parse_args(argv=None, extra_cases=()):
     p.add_argument("--tokens", type=ints, default=[1, 8, 32, 128, 512, 2048])
     p.add_argument("--heads", type=int, default=128)
     p.add_argument("--head-dim", type=int, default=512)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--dtype", default="bfloat16",
+                   help="bfloat16, float16 or float32 (--kernels: a comma list of them)")
     p.add_argument("--mode", default="graph,eager", help="graph, eager or both (comma-separated)")
     known = (*STRATEGIES, *extra_cases)
     p.add_argument("--strategies", default=",".join(STRATEGIES),
@@ -60,10 +62,15 @@ def parse_args(argv=None, extra_cases=()):
     p.add_argument("--profile", type=int, default=0, metavar="K",
                    help="after each eager timing, profile K more calls on rank 0 (host time, "
                         "cProfile) and print the top functions")
+    add_kernel_args(p)
     args = p.parse_args(argv)
     unknown = [s for s in args.strategies.split(",") if s and s not in known]
     if unknown:
         p.error(f"--strategies: unknown {', '.join(unknown)} (expected some of {', '.join(known)})")
+    try:
+        check_kernel_args(args)
+    except ValueError as exc:
+        p.error(str(exc))
     return args
 
 

@@ -70,6 +70,7 @@ def kernels():
     """``(name, dispatcher, argtypes)`` of every kernel to compile."""
     import numpy as np
 
+    from cupy_dcp import _floors
     from cupy_dcp.kernels import agrs, combine, direct, pack
     from cupy_dcp.kernels._format import as_dtype
     sys.path.insert(0, str(ROOT))
@@ -105,6 +106,8 @@ def kernels():
                         f"{k.argtypes[1].dtype}", k)
     add("direct bfloat16 N=2 D=512 tiles traced pushes uint32",
         direct.direct_kernel(dtypes[1], 2, np.dtype(np.uint32), True, trace=True))
+    add("floor empty", _floors.empty_kernel())  # the kernel bench's floors
+    add("floor copy", _floors.copy_kernel())
     return found
 
 
