@@ -8,22 +8,21 @@ For each token count it times, on the same communicator and in the same run:
 - ``ag_rs``: all-gather of the LSEs, correction, reduce-scatter (:class:`DcpAgRsPlan`);
 - ``direct``: a :class:`DcpDirectPlan` call (one kernel: tiles pushed into the
   peers' windows over NVLink, each combined once it has arrived; no NCCL),
-  where every rank is on one node with peer access;
-- ``bare_push`` (on request): where ``direct`` runs, the exchange alone of a
-  direct call's packed rows, in one kernel per call
-  (``cupy_dcp.kernels.bare_push``: 16-byte stores into the peers' windows, a
-  flag per block, a wait; no pack, no combine), at the fastest of a few
-  grids: what ``direct`` spends beyond it is its packing, combine and their
-  synchronisation (at B <= 4 ``direct`` sends word by word instead: twice
-  the bytes, no flag);
+  where every rank is on one node with peer access (``direct_problem``);
 
 eagerly (calls launched back to back) and as CUDA-graph replays (a captured
 batch of calls), and reports the median and p90 microseconds per call and the
 ratio to the floor. ``--kernels`` instead times the pack and combine kernels
 alone on one GPU against its device-to-device copy bandwidth.
 
-Rank 0 prints progress and a table, and writes ``--json`` (a list of records)
-and ``--plot`` (PNG, when matplotlib is installed).
+Rank 0 prints progress and a table, and writes ``--json`` (a list of records:
+``strategy``, ``mode``, ``world_size``, ``tokens``, ``heads``, ``head_dim``,
+``dtype``, ``median_us``, ``p90_us``, ``device``, ``ratio_to_floor``) and
+``--plot`` (PNG, when matplotlib is installed).
+
+A script may time strategies of its own beside these: ``run(args, extra_cases)``
+with ``parse_args(argv, extra_cases)`` (``benchmarks/bare_push.py`` in the
+repository does so).
 """
 
 import argparse
@@ -38,12 +37,11 @@ from ._kernel_table import add_kernel_args, check_kernel_args
 from .comm import Communicator
 from .layout import as_dtype, bits_dtype, send_buffer_shape
 
-STRATEGIES = ("raw_alltoall", "cupy_dcp_a2a", "ag_rs", "direct", "bare_push")
-DEFAULT_STRATEGIES = STRATEGIES[:4]  # bare_push on request
-BARE_PUSH_GRIDS = (8, 16, 32, 64, 132, 264)  # blocks of 256 threads tried; the fastest is timed
+STRATEGIES = ("raw_alltoall", "cupy_dcp_a2a", "ag_rs", "direct")
 
 
-def parse_args(argv=None):
+def parse_args(argv=None, extra_cases=()):
+    """The bench's arguments; ``extra_cases`` names strategies ``--strategies`` may add."""
     p = argparse.ArgumentParser(prog="python -m cupy_dcp.bench", description=__doc__.split("\n\n")[0])
     ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
     p.add_argument("--tokens", type=ints, default=[1, 8, 32, 128, 512, 2048])
@@ -52,8 +50,9 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="bfloat16",
                    help="bfloat16, float16 or float32 (--kernels: a comma list of them)")
     p.add_argument("--mode", default="graph,eager", help="graph, eager or both (comma-separated)")
-    p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
-                   help=f"comma-separated, of {', '.join(STRATEGIES)}")
+    known = (*STRATEGIES, *extra_cases)
+    p.add_argument("--strategies", default=",".join(STRATEGIES),
+                   help=f"comma-separated, of {', '.join(known)}")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"])
     p.add_argument("--reps", type=int, default=30, help="timed repetitions (median, p90 over them)")
     p.add_argument("--calls", type=int, default=20, help="calls per repetition (and per graph)")
@@ -65,6 +64,9 @@ def parse_args(argv=None):
                         "cProfile) and print the top functions")
     add_kernel_args(p)
     args = p.parse_args(argv)
+    unknown = [s for s in args.strategies.split(",") if s and s not in known]
+    if unknown:
+        p.error(f"--strategies: unknown {', '.join(unknown)} (expected some of {', '.join(known)})")
     try:
         check_kernel_args(args)
     except ValueError as exc:
@@ -105,8 +107,11 @@ def _stats(samples):
 
 # ---------------------------------------------------------------- GPU timings
 
-def _gpu_time(fn, stream, reps, calls, graph, world):
-    """Median and p90 us per call of ``fn()`` on ``stream``: eager or graph replay."""
+def gpu_time(fn, stream, reps, calls, graph, world):
+    """Median and p90 µs per call of ``fn()`` on ``stream`` (a ``cupy.cuda.Stream``),
+    eagerly (``graph=False``: ``calls`` calls back to back) or as replays of a CUDA
+    graph of ``calls`` calls, over ``reps`` repetitions, each repetition's figure the
+    slowest rank's of ``world`` (an mpi4py communicator; collective)."""
     import cupy
 
     fn()  # NCCL connects lazily, kernels load: once eagerly before timing or capture
@@ -137,7 +142,7 @@ def _gpu_time(fn, stream, reps, calls, graph, world):
     return _stats(_slowest(world, samples))
 
 
-def _gpu_cases(comm, args, B, dtype):
+def _gpu_cases(comm, args, B, dtype, extra_cases):
     import cupy
 
     from .plan import DcpA2APlan, DcpAgRsPlan
@@ -163,97 +168,25 @@ def _gpu_cases(comm, args, B, dtype):
     cases["ag_rs"] = lambda: agrs(x, lse, stream=stream)
     closers = []
     wanted = args.strategies.split(",")
-    if "direct" in wanted or "bare_push" in wanted:
+    if "direct" in wanted:
         from .direct import DcpDirectPlan, direct_problem
 
         problem = direct_problem(comm)
         if problem is None:
-            if "direct" in wanted:
-                direct = DcpDirectPlan(comm, B, H, D, dtype)
-                cases["direct"] = lambda: direct(x, lse, stream=stream)
-                closers.append(direct.close)
-            if "bare_push" in wanted:
-                cases["bare_push"], close = _bare_push_case(comm, args, B, dtype, stream)
-                closers.append(close)
+            direct = DcpDirectPlan(comm, B, H, D, dtype)
+            cases["direct"] = lambda: direct(x, lse, stream=stream)
+            closers.append(direct.close)
         else:
-            _say(comm, f"  direct and bare_push: skipped ({problem})")
+            _say(comm, f"  direct: skipped ({problem})")
+    for name, make in extra_cases.items():
+        case = make(comm, args, B, dtype, stream) if name in wanted else None
+        if case is not None:
+            cases[name], close = case
+            closers.append(close)
     # the inputs were made on the null stream, the calls go on another: a kernel must
     # not read an epoch counter (or data) before its zeroing (or copy) has run
     cupy.cuda.runtime.deviceSynchronize()
     return cases, stream, closers
-
-
-def _bare_push_case(comm, args, B, dtype, stream):
-    """``(fn, close)``: a bare push of the packed rows a direct call of B tokens moves, on the
-    windows of a direct plan of its own (never called: it only lends its IPC memory
-    and flags), at the grid of :data:`BARE_PUSH_GRIDS` that times fastest here."""
-    import cupy
-
-    from .direct import DcpDirectPlan
-    from .kernels._arrays import kernel_array
-    from .kernels._launch import DeviceArray
-    from .kernels.bare_push import bare_push_kernel
-    from .layout import lse_pack_dim
-
-    n, H, D = comm.world_size, args.heads, args.head_dim
-    # 64 tokens at least: a flag per block for most grids tried (those that fit are); a
-    # wait that runs out voids the figures: a short bound
-    lender = DcpDirectPlan(comm, max(B, 64), H, D, dtype, timeout=2.0)
-    row_bytes = (D + lse_pack_dim(dtype)) * bits_dtype(dtype).itemsize
-    words = 2 * -(-B * (H // n) * row_bytes // 16)  # a direct call's bytes, in pairs of words
-    windows = lender._windows  # every rank's slots: this rank's share of slot 0 is ours
-    if words * 8 > windows[0].strides[1]:
-        raise RuntimeError("the bare push does not fit its lender's window")
-    rng = np.random.default_rng(comm.rank)
-    src = cupy.asarray(rng.integers(0, 2**63, (n, words), dtype=np.uint64))
-    state = cupy.zeros(2, cupy.int64)
-    dsts = tuple(DeviceArray(w.ptr + comm.rank * w.strides[1], (words,), (8,), np.uint64, lender)
-                 for w in windows)
-    kernel = bare_push_kernel(n)
-    kernel_args = (kernel_array(src, np.uint64), dsts, lender._flags,
-                   kernel_array(state, np.int64), lender._status_arr, comm.rank,
-                   int(lender.timeout * 1e9))
-    max_tiles = (lender._flags[0].shape[0] - n) // n
-
-    def launcher(blocks):
-        ready = kernel.prepare((blocks,), (256,), kernel_args)
-        if ready is None:
-            return lambda: kernel((blocks,), (256,), stream.ptr, kernel_args)
-        return lambda: ready(stream.ptr)
-
-    # made on the null stream, used on another: the source copied in and the epoch counter
-    # zeroed before any call (a call that read a stale epoch would run ahead of its peer's)
-    cupy.cuda.runtime.deviceSynchronize()
-    world = comm.mpi_comm
-
-    def check():
-        """Raise on every rank if a wait ran out on any (a rank raising alone would
-        leave the others waiting for it): that voids every figure."""
-        try:
-            lender.check()
-            problem = None
-        except RuntimeError as exc:
-            problem = str(exc)
-        problems = [p for p in world.allgather(problem) if p]
-        if problems:
-            raise RuntimeError(f"the bare push at B={B} gave up: {'; '.join(problems)}")
-
-    grids = [g for g in BARE_PUSH_GRIDS if g <= max_tiles]
-    launcher(grids[0])()  # a first call, checked, before anything is timed
-    stream.synchronize()
-    check()
-    times = [_gpu_time(launcher(g), stream, 5, args.calls, True, world)[0] for g in grids]
-    check()
-    best = grids[int(np.argmin(times))]  # the same on every rank: the slowest rank's times
-    _say(comm, f"  B={B:<5} bare_push grid {best} of {grids}")
-
-    def close():
-        try:
-            check()
-        finally:
-            lender.close()  # every rank: they all raised, or none did
-
-    return launcher(best), close
 
 
 # --------------------------------------------------------------- host timings
@@ -346,7 +279,13 @@ def _plot(records, path):
     print(f"plot written to {path}", flush=True)
 
 
-def run(args):
+def run(args, extra_cases=None):
+    """Time every strategy of ``args`` (``parse_args``) and return the records (rank 0
+    prints them and writes ``--json``/``--plot``). ``extra_cases`` maps a strategy name
+    to ``make(comm, args, B, dtype, stream) -> (fn, close)`` (or None where it cannot
+    run): on the GPU, ``fn()`` is timed like the bench's own and ``close()`` (collective)
+    runs after each token count."""
+    extra_cases = dict(extra_cases or {})
     world = MPI.COMM_WORLD
     gpu = _use_gpu(args.device)
     comm = Communicator.from_mpi(world, backend="nccl" if gpu else "mpi")
@@ -365,14 +304,14 @@ def run(args):
     for B in args.tokens:
         closers = []
         if gpu:
-            cases, stream, closers = _gpu_cases(comm, args, B, dtype)
+            cases, stream, closers = _gpu_cases(comm, args, B, dtype, extra_cases)
         else:
             cases, stream = _host_cases(comm, args, B, dtype), None
         for mode in modes:
             floor = None
-            for strategy in [s for s in STRATEGIES if s in wanted and s in cases]:
+            for strategy in [s for s in (*STRATEGIES, *extra_cases) if s in wanted and s in cases]:
                 if gpu:
-                    med, p90 = _gpu_time(cases[strategy], stream, args.reps, args.calls,
+                    med, p90 = gpu_time(cases[strategy], stream, args.reps, args.calls,
                                          mode == "graph", world)
                 else:
                     med, p90 = _host_time(cases[strategy], args.reps, args.calls, world)

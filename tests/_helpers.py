@@ -1,6 +1,6 @@
 """Shared test helpers: tolerances against the float64 oracle, row masks, mpiexec.
 
-Imported by the pytest modules and by ``mpi_reduce_worker.py`` (which runs
+Imported by the pytest modules and by ``host_reduce_worker.py`` (which runs
 outside pytest, so nothing here imports pytest).
 """
 
@@ -13,7 +13,7 @@ import sys
 import ml_dtypes
 import numpy as np
 
-__all__ = ["run_bounded", "run_or_abort", "assert_lse_close", "assert_output_close", "check_rank_result", "mpiexec_command", "mpiexec_env",
+__all__ = ["run_bounded", "run_worker", "worker_results", "job_results", "assert_lse_close", "assert_output_close", "check_rank_result", "mpiexec_command", "mpiexec_env",
            "random_rank_inputs", "row_mask", "row_scale", "ulp", "host_bf16_rounding"]
 
 LSE_RTOL = 1e-5
@@ -166,18 +166,49 @@ def random_rank_inputs(rng, shape, dtype, regime="spread", p_bad=0.1):
     return x, lse
 
 
-def run_or_abort(main, *args):
-    """Run an mpirun worker's ``main``: any exception prints its traceback and aborts
-    the whole job, so that no rank is left waiting in a collective."""
+RESULT_TAG = "cupy_dcp worker result: "
+
+
+def run_worker(main, *args):
+    """Run an mpirun worker's ``main(*args)`` on this rank and report by exit code and
+    one JSON line: ``main`` returns a dict of what it checked (JSON-serialisable, or
+    None), printed as ``RESULT_TAG`` + ``{"rank": r, "size": n, **result}``. Any
+    exception prints its traceback and aborts the whole job (non-zero exit), so that
+    no rank is left waiting in a collective and no rank reports."""
+    import json
+
+    from mpi4py import MPI
     try:
-        main(*args)
+        result = main(*args)
     except BaseException:
         import traceback
 
-        from mpi4py import MPI
         traceback.print_exc()
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(1)
+    world = MPI.COMM_WORLD
+    record = {"rank": world.Get_rank(), "size": world.Get_size(), **(result or {})}
+    print(RESULT_TAG + json.dumps(record, default=str), flush=True)
+
+
+def worker_results(stdout):
+    """The records that ``run_worker`` printed in a job's ``stdout``, in order."""
+    import json
+
+    return [json.loads(line[len(RESULT_TAG):]) for line in stdout.splitlines()
+            if line.startswith(RESULT_TAG)]
+
+
+def job_results(proc, nprocs):
+    """A finished worker job's records, indexed by rank: the job must have exited 0
+    and every one of its ``nprocs`` ranks must have reported once (else an
+    ``AssertionError`` carrying the job's output)."""
+    report = f"exit {proc.returncode}\nstdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, report
+    records = worker_results(proc.stdout)
+    assert sorted(r["rank"] for r in records) == list(range(nprocs)), report
+    assert all(r["size"] == nprocs for r in records), report
+    return sorted(records, key=lambda r: r["rank"])
 
 
 def run_bounded(cmd, timeout, cwd=None, env=None):

@@ -7,7 +7,7 @@ import pytest
 from _helpers import mpiexec_command
 
 # The CUDA-simulator suite needs NUMBA_ENABLE_CUDASIM=1 before Numba is
-# imported; test_cudasim.py runs it in its own process with that set.
+# imported; test_simulator.py runs it in its own process with that set.
 collect_ignore = [] if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" else ["cudasim"]
 
 

@@ -8,8 +8,8 @@ captures one call in a CUDA graph and replays it REPLAYS times (default
 inputs change every call (a scale written on the device), and every
 ``CHECK_EVERY``-th result is checked against the exact combine of every rank's
 inputs. CuPy's memory pool in use and the process's open descriptors must stay
-flat after warm-up. Prints ``rank {r}/{n} GPU soak OK: ...``; any failure
-aborts the job. With ``mpi`` (the MPI transport, which ranks sharing one GPU can
+flat after warm-up. Each rank reports its counts and timings (``run_worker``); any
+failure aborts the job. With ``mpi`` (the MPI transport, which ranks sharing one GPU can
 use) there are no graph replays: that transport cannot be captured.
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 import cupy_dcp
-from _helpers import run_or_abort, ulp
+from _helpers import run_worker, ulp
 
 CHECK_EVERY = 5000
 B, HN, D = 32, 16, 128
@@ -102,13 +102,12 @@ def main(replays, eager_calls, backend):
         eager_s = run(eager_calls, "eager", lambda: plan(x_buf, lse_buf, stream=stream)[0])
         baseline = footprint[0]
     world.Barrier()
-    print(f"rank {rank}/{n} GPU soak OK: {replays} graph replays ({graph_s / max(replays, 1) * 1e6:.1f}"
-          f" us each, inputs rewritten), {eager_calls} eager calls "
-          f"({eager_s / max(eager_calls, 1) * 1e6:.1f} us each); pool {baseline[0]} bytes and "
-          f"{baseline[1]} descriptors throughout", flush=True)
+    return {"replays": replays, "replay_us": round(graph_s / max(replays, 1) * 1e6, 1),
+            "eager_calls": eager_calls, "eager_us": round(eager_s / max(eager_calls, 1) * 1e6, 1),
+            "pool_bytes": baseline[0], "descriptors": baseline[1]}
 
 
 if __name__ == "__main__":
     counts = [int(a) for a in sys.argv[1:3]]
     counts += [100_000, 100_000][len(counts):]
-    run_or_abort(main, *counts, sys.argv[3] if len(sys.argv) > 3 else "nccl")
+    run_worker(main, *counts, sys.argv[3] if len(sys.argv) > 3 else "nccl")

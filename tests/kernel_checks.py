@@ -458,7 +458,7 @@ def check_bare_push(to_device, to_host, n, words, blocks, rng, calls=2, timeout_
     ranks that went before it, and its wait for those after it runs out after
     ``timeout_ns`` (recorded in its status), so the last rank's status stays clear."""
     from cupy_dcp.kernels._arrays import kernel_array
-    from cupy_dcp.kernels.bare_push import bare_push_kernel
+    from benchmarks.bare_push import bare_push_kernel
 
     max_tiles = blocks + 3
     windows = [to_device(np.zeros((n, words), np.uint64)) for _ in range(n)]

@@ -7,8 +7,8 @@ ends in an error, not a hang; the kernels are compiled first, so that no rank
 waits for another's compiler) and asserts, on every rank, the exception type,
 its whole message and that the caller's arrays are untouched; most then make
 one consistent call on the same communicator and check it against the
-oracle (nothing was left behind). Every rank prints ``rank {r} {scenario} OK:
-{message}``; anything else aborts the job.
+oracle (nothing was left behind). Every rank reports each scenario's message,
+in order, in one JSON line (``run_worker``); anything else aborts the job.
 """
 
 import sys
@@ -18,7 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 import cupy_dcp
-from _helpers import check_rank_result, row_scale, run_or_abort
+from _helpers import check_rank_result, row_scale, run_worker
 from cupy_dcp.layout import BFLOAT16
 
 WORLD = MPI.COMM_WORLD
@@ -329,11 +329,12 @@ def warm_up():
 def main(*scenarios):
     warm_up()
     WORLD.Barrier()  # the ranks start the scenarios together, whatever their compile times
+    messages = {}
     for scenario in scenarios:
-        msg = SCENARIOS[scenario]()
+        messages[scenario] = SCENARIOS[scenario]()
         WORLD.Barrier()
-        print(f"rank {RANK} {scenario} OK: {msg}", flush=True)
+    return {"messages": messages}
 
 
 if __name__ == "__main__":
-    run_or_abort(main, *sys.argv[1:])
+    run_worker(main, *sys.argv[1:])

@@ -1,11 +1,11 @@
 """Worker of tests/test_settings.py: ``mpiexec -n 2 python tests/settings_worker.py [CASE...]``.
 
 Every rank builds a :class:`cupy_dcp.DcpDirectPlan` once per case, with its own
-arguments and environment, and prints what the construction ended in: the
+arguments and environment, and reports what each construction ended in: the
 resolved settings when the ranks agreed (the build is stopped right after the
-agreement, before any device work, so no GPU is needed), else the error.
-One line per rank and case: ``rank R CASE: ...``. The cases are run in the
-order given (by default every case of :data:`CASES` but ``launcher``).
+agreement, before any device work, so no GPU is needed), else the error; each
+rank's ``outcomes`` by case, in one JSON line (``run_worker``). The cases are run
+in the order given (by default every case of :data:`CASES` but ``launcher``).
 """
 
 import os
@@ -14,6 +14,7 @@ import sys
 from mpi4py import MPI
 
 import cupy_dcp
+from _helpers import run_worker
 from cupy_dcp import direct, plan
 
 
@@ -46,6 +47,7 @@ def main():
     plan._cupy_problem = lambda: None  # the check of this machine's GPU is not under test
     direct.DcpDirectPlan._prepare_device = stop_after_agreement
     names = sys.argv[1:] or [case[0] for case in CASES if case[0] != "launcher"]
+    outcomes = {}
     for name, envs, kwargs in sorted((c for c in CASES if c[0] in names),
                                      key=lambda c: names.index(c[0])):
         saved = dict(os.environ)
@@ -62,9 +64,10 @@ def main():
         finally:
             os.environ.clear()
             os.environ.update(saved)
-        print(f"rank {rank} {name}: {outcome}", flush=True)
+        outcomes[name] = outcome
     comm.free()
+    return {"outcomes": outcomes}
 
 
 if __name__ == "__main__":
-    main()
+    run_worker(main)

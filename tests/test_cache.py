@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _helpers import mpiexec_env
+from _helpers import job_results, mpiexec_env
 
 from cupy_dcp import _settings
 from cupy_dcp.kernels import _cache
@@ -209,9 +209,7 @@ def test_four_ranks_filling_one_empty_cache(tmp_path, mpiexec):
     cmd = mpiexec(4) + [sys.executable, str(WORKER)]
     proc = subprocess.run(cmd, env=mpiexec_env(**_env(tmp_path)), capture_output=True,
                           text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    done = [line for line in proc.stdout.splitlines() if line.startswith("rank ")]
-    assert len(done) == 4 and all(line.endswith(" exact") for line in done), proc.stdout
+    assert all(record["exact"] for record in job_results(proc, 4)), proc.stdout
     assert "corrupt" not in proc.stderr
     counts, _ = run_host(tmp_path)  # what they left is whole
     assert counts["compiled"] == 0 and counts["rebuilt"] == 0

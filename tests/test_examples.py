@@ -12,8 +12,9 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "mpi_examples"
 
 @pytest.mark.parametrize("script, nprocs, argv, expect", [
     ("decode_attention.py", 4, ["--device", "cpu"], "OK: every rank"),
-    ("decode_attention.py", 2, ["--device", "cpu", "--dtype", "bfloat16", "--head-dim", "72"],
-     "OK: every rank"),
+    pytest.param("decode_attention.py", 2,
+                 ["--device", "cpu", "--dtype", "bfloat16", "--head-dim", "72"], "OK: every rank",
+                 marks=pytest.mark.slow),  # the first case's script again, with -m slow
     ("decode_loop.py", 2, ["--device", "cpu", "--steps", "5", "--tokens", "8"],
      "OK: every step"),
 ])

@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 import cupy_dcp
-from _helpers import mpiexec_env, run_bounded
+from _helpers import job_results, mpiexec_env, run_bounded
 from cupy_dcp import _settings
 from cupy_dcp.direct import DirectSettings, resolve_pdl
 from cupy_dcp.kernels import _launch
@@ -185,12 +185,8 @@ def test_a_kernel_takes_the_process_launcher_unless_given_one(fresh_launcher):
 def _job(mpiexec, *cases):
     proc = run_bounded(mpiexec(2, sys.executable, WORKER, *cases), 240, env=mpiexec_env())
     report = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    assert proc.returncode == 0, report
-    outcomes = {}
-    for line in proc.stdout.splitlines():
-        found = re.match(r"^rank (\d) (\w+): (.*)$", line)
-        if found:
-            outcomes[int(found[1]), found[2]] = found[3]
+    outcomes = {(record["rank"], name): outcome for record in job_results(proc, 2)
+                for name, outcome in record["outcomes"].items()}
     return outcomes, report
 
 

@@ -6,7 +6,7 @@ tiny shapes, every dtype, both LSE bases, NaN (any payload) / +inf / -inf LSEs
 placed per (rank, token, head), NaN or inf partials in rows whose LSE is
 empty, strided and misaligned inputs and outputs, and ``seq_lens`` /
 ``query_start_loc`` masks. Runs only in a process started with
-NUMBA_ENABLE_CUDASIM=1 (see ``tests/test_cudasim.py``); NumPy arrays stand for
+NUMBA_ENABLE_CUDASIM=1 (see ``tests/test_simulator.py``); NumPy arrays stand for
 device arrays. The examples are derandomized, so every run draws the same ones.
 """
 

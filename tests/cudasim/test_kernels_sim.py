@@ -1,6 +1,6 @@
 """The CUDA kernels under the Numba CUDA simulator (NUMBA_ENABLE_CUDASIM=1).
 
-Collected only in a process started with that variable: ``tests/test_cudasim.py``
+Collected only in a process started with that variable: ``tests/test_simulator.py``
 runs this file so; the ordinary suite ignores it (see ``tests/conftest.py``).
 """
 
@@ -250,12 +250,12 @@ def test_bare_push_delivers_every_row_and_bounds_its_wait(n, words, blocks):
                          ids=["word_by_word", "lines", "tiles"])
 def test_direct_trace_notes_each_block_milestones_in_order(monkeypatch, b, ll_rows, line_rows,
                                                            path):
-    """A traced kernel (``cupy_dcp._direct_trace``): every block of the call notes its
+    """A traced kernel (``benchmarks/direct_trace.py``): every block of the call notes its
     milestones, in time order, in the call's parity of the enlarged state; the result
     is still exact."""
     import functools
 
-    from cupy_dcp._direct_trace import MILESTONES, summarise
+    from benchmarks.direct_trace import MILESTONES, summarise
     from cupy_dcp.kernels import direct as kernels
     from cupy_dcp.kernels._arrays import kernel_array
     from kernel_checks import DirectRanks

@@ -1,6 +1,6 @@
 """Multi-rank check of dcp_a2a_lse_reduce against an all-gather of every rank's inputs.
 
-Run: mpiexec -n 4 python tests/mpi_reduce_worker.py [a2a|ag_rs]
+Run: mpiexec -n 4 python tests/host_reduce_worker.py [a2a|ag_rs]
 
 The optional argument picks the strategy: ``dcp_a2a_lse_reduce`` (default) or
 ``dcp_ag_rs_lse_reduce``.
@@ -8,7 +8,7 @@ The optional argument picks the strategy: ``dcp_a2a_lse_reduce`` (default) or
 Each rank draws its own inputs (seeded by rank), reduces them, gathers ALL
 ranks' inputs with ``allgather`` and checks its head slice against
 ``lse_weighted_combine``. Any failure aborts the whole job; on success every
-rank prints ``rank {r}/{n} OK``. With ``CUPY_DCP_WORKER_FAIL_RANK=k`` set,
+rank reports its number of cases (``run_worker``). With ``CUPY_DCP_WORKER_FAIL_RANK=k`` set,
 rank k raises before the first reduce (to test that the job aborts, not hangs).
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 import cupy_dcp
-from _helpers import check_rank_result, random_rank_inputs, row_mask, row_scale, run_or_abort
+from _helpers import check_rank_result, random_rank_inputs, row_mask, row_scale, run_worker
 from cupy_dcp.layout import BFLOAT16, bits_dtype
 
 DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
@@ -99,18 +99,19 @@ def check_case(world, comm, case, dtype, base_e, return_lse, masked, strided_out
 
 def main():
     world = MPI.COMM_WORLD
-    rank, n = world.Get_rank(), world.Get_size()
+    rank = world.Get_rank()
     if os.environ.get("CUPY_DCP_WORKER_FAIL_RANK") == str(rank):
         raise RuntimeError(f"rank {rank}: failure injected by CUPY_DCP_WORKER_FAIL_RANK")
     wrapped = cupy_dcp.Communicator.from_mpi()
     combos = itertools.product(DTYPES, (True, False), (True, False), (False, True), (False, True))
+    case = -1
     for case, (dtype, base_e, return_lse, masked, strided_out) in enumerate(combos):
         comm = wrapped if case % 2 else world
         check_case(world, comm, case, dtype, base_e, return_lse, masked, strided_out)
     world.Barrier()
     wrapped.free()
-    print(f"rank {rank}/{n} OK", flush=True)
+    return {"strategy": STRATEGY, "cases": case + 1}
 
 
 if __name__ == "__main__":
-    run_or_abort(main)
+    run_worker(main)

@@ -1,6 +1,6 @@
 """Soak of the host path: dcp_a2a_lse_reduce on NumPy arrays, over and over.
 
-Run: mpiexec -n 2 python tests/soak_host_worker.py
+Run: mpiexec -n 2 python tests/host_soak_worker.py
 
 Every rank calls ``dcp_a2a_lse_reduce`` with new inputs on every call (small
 shapes: B=4, H=4*N, D=64), cycling through the dtypes, both LSE bases,
@@ -10,8 +10,8 @@ shapes: B=4, H=4*N, D=64), cycling through the dtypes, both LSE bases,
 calls. Every ``CHECK_EVERY``-th call is checked against ``lse_weighted_combine``
 over an ``allgather`` of every rank's inputs, and the resident memory and the
 number of open file descriptors are compared with their values after warm-up.
-Any failure aborts the whole job; on success every rank prints
-``rank {r}/{n} soak OK: {calls} calls ...``.
+Any failure aborts the whole job; on success every rank reports its calls, checks,
+resident memory and descriptors (``run_worker``).
 """
 
 import gc
@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 import cupy_dcp
 from _helpers import (check_rank_result, random_rank_inputs, row_mask, row_scale,
-                      run_or_abort)
+                      run_worker)
 from cupy_dcp.layout import BFLOAT16
 
 DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
@@ -108,7 +108,7 @@ def one_call(world, comms, call, check):
 
 def main():
     world = MPI.COMM_WORLD
-    rank, n = world.Get_rank(), world.Get_size()
+    rank = world.Get_rank()
     seconds = float(os.environ.get("CUPY_DCP_SOAK_SECONDS", "45"))
     comms = {"world": world, "wrapped": cupy_dcp.Communicator.from_mpi(),
              "timeout": cupy_dcp.Communicator.from_mpi(timeout=60.0)}
@@ -133,10 +133,10 @@ def main():
     world.Barrier()
     comms["wrapped"].free()
     comms["timeout"].free()
-    print(f"rank {rank}/{n} soak OK: {calls} calls in {elapsed:.1f} s, {checks} checked, "
-          f"rss {baseline[0] / 2**20:.1f} -> {rss / 2**20:.1f} MiB, fds {baseline[1]} -> {fds}",
-          flush=True)
+    return {"calls": calls, "seconds": round(elapsed, 1), "checked": checks,
+            "rss_mib": [round(baseline[0] / 2**20, 1), round(rss / 2**20, 1)],
+            "fds": [baseline[1], fds]}
 
 
 if __name__ == "__main__":
-    run_or_abort(main)
+    run_worker(main)

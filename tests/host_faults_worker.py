@@ -1,6 +1,6 @@
 """Divergent ranks and stuck exchanges on the host path: errors on every rank, no hang.
 
-Run: mpiexec -n 2 python tests/mpi_reliability_worker.py SCENARIO
+Run: mpiexec -n 2 python tests/host_faults_worker.py SCENARIO
 
 - ``diverge``: rank 1 calls with one more token; with ``check_consistency``
   every rank raises the same ValueError naming the field and the rank.
@@ -10,7 +10,8 @@ Run: mpiexec -n 2 python tests/mpi_reliability_worker.py SCENARIO
   RuntimeError in time; rank 1 then joins the same call, which raises
   RuntimeError too (rank 0 gave up on it), so the job ends cleanly.
 
-Each rank prints ``rank {r} {scenario} OK: ...``; anything else aborts the job.
+Each rank reports its scenario and the message it checked (``run_worker``); anything
+else aborts the job.
 """
 
 import sys
@@ -20,7 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 import cupy_dcp
-from _helpers import run_or_abort
+from _helpers import run_worker
 
 
 def inputs(tokens, heads=4, head_dim=8):
@@ -70,8 +71,8 @@ def main(scenario):
     else:
         raise ValueError(f"unknown scenario {scenario!r}")
     world.Barrier()
-    print(f"rank {rank} {scenario} OK: {msg}", flush=True)
+    return {"scenario": scenario, "message": msg}
 
 
 if __name__ == "__main__":
-    run_or_abort(main, sys.argv[1])
+    run_worker(main, sys.argv[1])

@@ -1,7 +1,8 @@
 """Every CUDA kernel compiles for Hopper without a GPU (``compile_kernels.py``, its own
 process): a typing error in a kernel fails here, not first on a GPU machine; and
 every kernel's PTX is the one recorded in ``ptx_fingerprints.json``, so a change
-meant to move code changes no machine code."""
+meant to move code changes no machine code. ``python tests/compile_kernels.py 9 0
+--check-fingerprints`` is the same check on its own."""
 
 import json
 import re
@@ -12,6 +13,9 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
+
+# compiling every kernel takes many minutes on a small CPU machine: CI runs it with -m slow
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,13 @@
 """Multi-rank GPU checks of DcpDirectPlan (CUDA IPC windows, no NCCL).
 
-Run: mpirun -n 2 python tests/direct_worker.py MODE [COUNT]
+Run: mpirun -n 2 python tests/gpu_direct_worker.py MODE [COUNT]
 
 Ranks may share one GPU (IPC works within a device) or each have their own.
 
 - ``exact``: every dtype, both bases, return_lse, masks (empty shards),
   strided and head-major ``out=``, B changing between calls, the same
   shapes into two results in turn; every rank against the oracle of every
-  rank's inputs. Prints ``direct exact OK``.
+  rank's inputs. Reports the cases and repeated calls.
 - ``race COUNT``: COUNT eager calls back to back, then COUNT replays of a
   captured call, the inputs changing every call (three input sets in turn:
   reading a slot of the previous call, or of the one before, gives another
@@ -15,11 +15,13 @@ Ranks may share one GPU (IPC works within a device) or each have their own.
   result of its input set checked against the oracle; no host
   synchronisation inside the loops. Three times: a call small enough to go
   word by word, one in 128-byte lines, and one in tiles behind flags (with
-  the lines path on, ``CUPY_DCP_LINES`` unset). Prints the counts.
+  the lines path on, ``CUPY_DCP_LINES`` unset). Reports each path's counts.
 - ``timeout``: rank 1 skips a call; rank 0's plan raises within the bound,
   naming rank 1; rank 1's next check raises naming rank 0.
 - ``leak COUNT``: COUNT plans opened and closed; device memory and the
   plan's mappings come back.
+
+Each rank reports by one JSON line (``run_worker``); any failure aborts the job.
 """
 
 import sys
@@ -29,9 +31,9 @@ import numpy as np
 from mpi4py import MPI
 
 import cupy_dcp
-from _helpers import run_or_abort
+from _helpers import run_worker
 from gpu_reduce_worker import call_kwargs, check_rank_result, expected, host
-from mpi_reduce_worker import B, DTYPES, HN, rank_inputs
+from host_reduce_worker import B, DTYPES, HN, rank_inputs
 
 
 def exact(world, comm):
@@ -75,9 +77,7 @@ def exact(world, comm):
                                       scale, f"rank {rank} direct {dtype} D={D} out {k % 2}, "
                                              f"call {k}")
     world.Barrier()
-    if rank == 0:
-        print(f"direct exact OK: {case} cases and {4 * len(DTYPES) * 3} repeated calls on "
-              f"{n} ranks", flush=True)
+    return {"cases": case, "repeated_calls": 4 * len(DTYPES) * 3}
 
 
 _COUNT_DIFF = None
@@ -99,10 +99,10 @@ def race(world, comm, count):
 
     if count < 3:
         raise SystemExit("race needs COUNT >= 3 (its last phase runs calls three at a time)")
-    # word by word, in lines, then in tiles (the path is checked and printed)
-    for tokens, path in ((B, "word by word"), (-(-LL_MAX_ROWS // HN) + B, "in lines"),
-                         (-(-LINE_MAX_ROWS // HN) + B, "in tiles")):
-        _race(world, comm, count, tokens, path)
+    # word by word, in lines, then in tiles (the path is checked and reported)
+    return {"races": [_race(world, comm, count, tokens, path) for tokens, path in
+                      ((B, "word by word"), (-(-LL_MAX_ROWS // HN) + B, "in lines"),
+                       (-(-LINE_MAX_ROWS // HN) + B, "in tiles"))]}
 
 
 def _path(plan, tokens):
@@ -195,10 +195,10 @@ def _race(world, comm, count, tokens, path):
     assert eager_diffs == 0, f"rank {rank}: {eager_diffs} elements differ over {count} eager calls"
     assert graph_diffs == 0, f"rank {rank}: {graph_diffs} elements differ over {count} replays"
     assert row_diffs == 0, f"rank {rank}: {row_diffs} elements differ over back-to-back calls"
-    print(f"rank {rank}/{n} direct race OK (B={tokens}, {path}): {count} eager calls ({eager_s:.1f} s) and {count} "
-          f"graph replays ({graph_s:.1f} s), then {3 * (count // 3)} calls back to back in graphs "
-          f"of three ({launches} launches), every result bit-identical to its checked set",
-          flush=True)
+    # every result was bit-identical to its checked set
+    return {"tokens": tokens, "path": path, "eager_calls": count, "eager_s": round(eager_s, 1),
+            "graph_replays": count, "graph_s": round(graph_s, 1),
+            "back_to_back_calls": 3 * (count // 3), "launches": launches}
 
 
 def timeout(world, comm, bound=2.0):
@@ -211,6 +211,7 @@ def timeout(world, comm, bound=2.0):
     plan(xd, ld)
     plan.synchronize()  # call 1: everyone
     world.Barrier()
+    result = {}
     if rank == 0:
         start = time.monotonic()
         got = plan(xd, ld)  # rank 1 skips this call
@@ -230,8 +231,7 @@ def timeout(world, comm, bound=2.0):
             assert "unusable" in str(exc), exc
         else:
             raise AssertionError("rank 0: a dead plan took another call")
-        print(f"rank 0 direct timeout OK: raised after {waited:.2f} s (bound {bound} s): "
-              f"{message}", flush=True)
+        result = {"raised_after_s": round(waited, 2), "bound_s": bound, "message": message}
     world.Barrier()
     if rank == 1:  # now rank 1 makes that call: rank 0 has given up and told it
         got = plan(xd, ld)
@@ -242,8 +242,9 @@ def timeout(world, comm, bound=2.0):
         else:
             raise AssertionError("rank 1: a failed peer did not raise")
         assert bool(cupy.isnan(got.astype(cupy.float32)).all()), "rank 1: a failed call left data"
-        print("rank 1 direct timeout OK: the peer's failure raised", flush=True)
+        result = {"peer_failure_raised": True}
     plan.close()
+    return result
 
 
 def leak(world, comm, count):
@@ -274,20 +275,19 @@ def leak(world, comm, count):
         free.append(free_memory())
     lost = free[0] - free[2]
     assert lost < 16 << 20, f"rank {rank}: {lost} bytes of device memory gone after {count} plans"
-    print(f"rank {rank}/{n} direct leak OK: {count} plans opened and closed in "
-          f"{time.perf_counter() - start:.1f} s; device memory free before, half-way, after: "
-          f"{', '.join(f'{f / 2**20:.1f}' for f in free)} MiB", flush=True)
+    return {"plans": count, "seconds": round(time.perf_counter() - start, 1),
+            "free_mib": [round(f / 2**20, 1) for f in free]}
 
 
 def main(mode, count):
     world = MPI.COMM_WORLD
     comm = cupy_dcp.Communicator.from_mpi(world, backend="mpi", timeout=120)
     comm.select_device()  # before any array is made: each rank's arrays on its own GPU
-    {"exact": lambda: exact(world, comm),
+    return {"exact": lambda: exact(world, comm),
      "race": lambda: race(world, comm, count),
      "timeout": lambda: timeout(world, comm),
      "leak": lambda: leak(world, comm, count)}[mode]()
 
 
 if __name__ == "__main__":
-    run_or_abort(main, sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 100)
+    run_worker(main, sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 100)

@@ -2,7 +2,7 @@
 
 Run under mpirun, every rank on a GPU of its own::
 
-    mpirun -np 2 python -m mpi4py -m cupy_dcp._direct_trace [B,B,...]
+    mpirun -np 2 python -m mpi4py benchmarks/direct_trace.py [B,B,...]
 
 For each token count B it builds the direct plan's kernels with ``trace``
 (``cupy_dcp.kernels.direct``: each block's first thread stores ``%globaltimer``
@@ -21,7 +21,9 @@ time over the blocks, in µs from the call's first block entry:
 
 The timer ticks in steps of about 0.26 µs on an H200. Measurement only: not
 a benchmark (use ``python -m cupy_dcp.bench``), and the stamps' stores cost a
-little time of their own.
+little time of their own. Measurement tooling outside the package: it swaps the
+traced kernel into ``cupy_dcp.kernels.direct`` and an enlarged state into the
+plan it builds, which no supported use of the library does.
 """
 
 import functools
@@ -80,7 +82,7 @@ def main(argv=None):
             rng = np.random.default_rng(world.rank + 7 * B)
             x = cupy.asarray(rng.standard_normal((B, H, D)).astype(np.float32)).astype(dtype)
             lse = cupy.asarray(rng.uniform(-5, 5, (B, H)).astype(np.float32))
-            median, _ = bench._gpu_time(lambda: plan(x, lse, stream=stream), stream, 15, CALLS,
+            median, _ = bench.gpu_time(lambda: plan(x, lse, stream=stream), stream, 15, CALLS,
                                         True, world)
             stream.begin_capture()
             for _ in range(CALLS):

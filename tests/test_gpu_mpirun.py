@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from _helpers import mpiexec_command, mpiexec_env, run_bounded
+from _helpers import job_results, mpiexec_command, mpiexec_env, run_bounded
 from gpu import pdl_expected, requires_gpu, requires_two_gpus
 
 pytestmark = [pytest.mark.gpu]
@@ -19,28 +19,38 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-def run_job(nprocs, *argv, timeout=600):
+def _bounded_job(nprocs, argv, timeout):
     cmd = mpiexec_command(nprocs, sys.executable, "-m", "mpi4py", *argv)
     assert cmd is not None, "no mpiexec"
     timeout = min(timeout, float(os.environ.get("CUPY_DCP_JOB_TIMEOUT", timeout)))
-    proc = run_bounded(cmd, timeout, cwd=HERE, env=mpiexec_env())
+    return run_bounded(cmd, timeout, cwd=HERE, env=mpiexec_env())
+
+
+def run_job(nprocs, *argv, timeout=600):
+    """An example's job: its output, once it has exited 0."""
+    proc = _bounded_job(nprocs, argv, timeout)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     return out
 
 
+def run_worker_job(nprocs, worker, *argv, timeout=600):
+    """A worker's job (``run_worker``): every rank's record, once it has exited 0."""
+    return job_results(_bounded_job(nprocs, (str(HERE / worker), *argv), timeout), nprocs)
+
+
 @requires_two_gpus
 def test_reduce_plans_and_graphs_on_two_gpus():
-    out = run_job(2, str(HERE / "gpu_reduce_worker.py"), "nccl")
-    assert out.count("GPU OK") == 2, out[-3000:]
+    for record in run_worker_job(2, "gpu_reduce_worker.py", "nccl"):
+        assert record["backend"] == "nccl" and record["graphs"], record
 
 
 @requires_gpu
 def test_reduce_and_plans_over_the_mpi_transport():
     """Device arrays exchanged over MPI (staged through host memory): two ranks may
     share one GPU, so this runs the whole multi-rank device path on a single GPU."""
-    out = run_job(2, str(HERE / "gpu_reduce_worker.py"), "mpi")
-    assert out.count("GPU OK") == 2, out[-3000:]
+    for record in run_worker_job(2, "gpu_reduce_worker.py", "mpi"):
+        assert record["backend"] == "mpi" and not record["graphs"], record
 
 
 @requires_two_gpus
@@ -54,8 +64,8 @@ def test_decode_attention_example_on_gpus(dtype):
 @requires_two_gpus
 @pytest.mark.slow
 def test_gpu_soak_of_graph_replays_and_eager_calls():
-    out = run_job(2, str(HERE / "gpu_soak_worker.py"), timeout=1800)
-    assert out.count("GPU soak OK") == 2, out[-3000:]
+    for record in run_worker_job(2, "gpu_soak_worker.py", timeout=1800):
+        assert record["replays"] == 100_000 and record["eager_calls"] == 100_000, record
 
 
 # The direct path: two ranks may share one GPU (CUDA IPC works within a device), so
@@ -65,43 +75,45 @@ RACE_CALLS = 10_000
 
 @requires_gpu
 def test_direct_plan_exact():
-    out = run_job(2, str(HERE / "direct_worker.py"), "exact")
-    assert "direct exact OK" in out, out[-3000:]
+    for record in run_worker_job(2, "gpu_direct_worker.py", "exact"):
+        assert record["cases"] > 0 and record["repeated_calls"] > 0, record
 
 
 @requires_gpu
 def test_direct_plan_exact_on_four_ranks():
     """Four ranks (sharing the GPUs there are): every rank skips itself among three
     peers, and the combine pairs an odd number of shards."""
-    out = run_job(4, str(HERE / "direct_worker.py"), "exact")
-    assert "direct exact OK" in out and "on 4 ranks" in out, out[-3000:]
+    for record in run_worker_job(4, "gpu_direct_worker.py", "exact"):
+        assert record["cases"] > 0 and record["repeated_calls"] > 0, record
 
 
 @requires_gpu
 def test_direct_plan_race_eager_and_graph():
-    out = run_job(2, str(HERE / "direct_worker.py"), "race", str(RACE_CALLS))
-    # two ranks, each a call size word by word, one in lines and one in tiles
-    assert out.count("direct race OK (B=") == 6, out[-3000:]
-    for path in ("word by word", "in lines", "in tiles"):
-        assert out.count(f", {path}): {RACE_CALLS} eager calls") == 2, out[-3000:]
+    records = run_worker_job(2, "gpu_direct_worker.py", "race", str(RACE_CALLS))
     # where each rank has a Hopper GPU of its own, the calls were dependent launches
-    launches = "dependent launches" if pdl_expected(2) else "ordinary launches"
-    assert out.count(launches) == 6, out[-3000:]
-    print(out)
+    launches = "dependent" if pdl_expected(2) else "ordinary"
+    for record in records:  # each rank: a call size word by word, one in lines, one in tiles
+        races = record["races"]
+        assert [r["path"] for r in races] == ["word by word", "in lines", "in tiles"], record
+        for race in races:
+            assert race["eager_calls"] == race["graph_replays"] == RACE_CALLS, record
+            assert race["launches"] == launches, record
+    print(records)
 
 
 @requires_gpu
 def test_direct_plan_missing_peer_times_out():
-    out = run_job(2, str(HERE / "direct_worker.py"), "timeout")
-    assert "rank 0 direct timeout OK" in out and "rank 1 direct timeout OK" in out, out[-3000:]
-    print(out)
+    first, second = run_worker_job(2, "gpu_direct_worker.py", "timeout")
+    assert "rank 1 did not arrive" in first["message"], first
+    assert second["peer_failure_raised"], second
+    print(first, second)
 
 
 @requires_gpu
 def test_direct_plans_open_and_close_without_leaks():
-    out = run_job(2, str(HERE / "direct_worker.py"), "leak", "1000")
-    assert out.count("direct leak OK: 1000 plans") == 2, out[-3000:]
-    print(out)
+    records = run_worker_job(2, "gpu_direct_worker.py", "leak", "1000")
+    assert all(r["plans"] == 1000 for r in records), records
+    print(records)
 
 
 @requires_gpu

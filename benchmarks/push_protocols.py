@@ -1,7 +1,7 @@
 """Three ways to push and combine a direct call's rows, as bare CUDA C kernels (an
 experiment that guides the direct kernel; not part of cupy_dcp, and not Numba).
 
-    mpirun -np 2 python push_protocols.py [B,...] [GRID,...]   (two GPUs with peer access)
+    mpirun -np 2 python benchmarks/push_protocols.py [B,...] [GRID,...]   (two GPUs with peer access)
 
 Two ranks, H/N = 64 heads each, D = 512 bfloat16, B tokens: each rank pushes
 its partials of the peer's heads (and their LSEs) into the peer's window
