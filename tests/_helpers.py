@@ -5,6 +5,7 @@ outside pytest, so nothing here imports pytest).
 """
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -191,12 +192,22 @@ def run_worker(main, *args):
     print(RESULT_TAG + json.dumps(record, default=str), flush=True)
 
 
+_TERMINAL_CODES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def worker_results(stdout):
-    """The records that ``run_worker`` printed in a job's ``stdout``, in order."""
+    """The records that ``run_worker`` printed in a job's ``stdout``, in order. A
+    rank's other output may leave a terminal's colour codes around a record's line
+    (Numba's coloured warnings end with a reset code): they are not part of it."""
     import json
 
-    return [json.loads(line[len(RESULT_TAG):]) for line in stdout.splitlines()
-            if line.startswith(RESULT_TAG)]
+    decoder = json.JSONDecoder()
+    records = []
+    for line in _TERMINAL_CODES.sub("", stdout).splitlines():
+        at = line.find(RESULT_TAG)
+        if at >= 0:
+            records.append(decoder.raw_decode(line, at + len(RESULT_TAG))[0])
+    return records
 
 
 def job_results(proc, nprocs):

@@ -38,3 +38,14 @@ def _running(text):
         except (OSError, ValueError):
             continue
     return False
+
+
+def test_worker_records_are_read_past_terminal_colour_codes():
+    from _helpers import RESULT_TAG, worker_results
+
+    # as seen on a GPU machine: a coloured warning's reset code on either side of a record
+    out = (f"a warning\n{RESULT_TAG}" '{"rank": 0, "size": 2, "checked": {"tokens": "x"}}\x1b[0m\n'
+           f"\x1b[0m{RESULT_TAG}" '{"rank": 1, "size": 2}\n' "the end\n")
+    assert worker_results(out) == [{"rank": 0, "size": 2, "checked": {"tokens": "x"}},
+                                   {"rank": 1, "size": 2}]
+    assert worker_results("no record here\n") == []
