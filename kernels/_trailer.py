@@ -49,7 +49,10 @@ def trailer_functions(half):
 
     @jit
     def locate(chunks, tokens, e):
-        hn, width = u64(chunks.shape[2]), u64(chunks.shape[3])
+        width = u64(chunks.shape[3])
+        if e < width:  # rows of 16 elements or more hold the whole trailer: no division
+            return tokens, u64(0), e
+        hn = u64(chunks.shape[2])
         return tokens + e // (hn * width), (e // width) % hn, e % width
 
     if half:

@@ -19,7 +19,7 @@ from numba import cuda, float32, uint32
 
 from numba.core import types
 
-from ._format import BFLOAT16, LSE_HALF_BITS, LSE_HALF_MASK
+from ._format import LSE_HALF_BITS, LSE_HALF_MASK, is_bfloat16
 from ._arrays import dummy_index, kernel_array, stream_ptr
 from ._device import device_functions, inline_device, row_weights_of
 from ._launch import DeviceArray, SpecializedKernel, array_type
@@ -202,20 +202,20 @@ def _combine_kernel(codec, group=WARP, unroll=UNROLL):
         hn = u64(vals.shape[2])
         tokens = u64(out.shape[0])
         rows = tokens * hn
-        if u64(vals.shape[1]) > tokens:  # a plan's trailer rows: every peer signed as rank 0?
-            t, t_step = flat_thread()
-            if t == u64(0):
-                state[0] = state[1] + 1  # the next call's number (see pack_launch)
-            while t < (n - u_one) * u_words:
-                p, f = t // u_words + u_one, t % u_words
-                first, theirs = get_word(bits, u64(0), tokens, f), get_word(bits, p, tokens, f)
-                if first != theirs:
-                    at = (p * u_words + f) * u_status
-                    status[at + u_one] = first
-                    status[at + u_two] = theirs
-                    cuda.threadfence_system()  # the words before the flag, for the host
-                    status[at] = 1
-                t += t_step
+        # A plan's trailer rows: did every peer sign as rank 0? Threads 0 .. (N-1) * WORDS
+        # - 1 compare a word each; they load both before their rows and compare after, so
+        # that no row waits on those loads.
+        signed = u64(vals.shape[1]) > tokens
+        checks = (n - u_one) * u_words if signed else u64(0)
+        t, t_step = flat_thread()
+        count = np.int64(0)
+        if signed and t == u64(0):
+            count = state[1]
+        ours = theirs = np.uint32(0)
+        if t < checks:
+            f = t % u_words
+            ours, theirs = get_word(bits, u64(0), tokens, f), get_word(bits, t // u_words + u_one,
+                                                                       tokens, f)
         width = u64(vals.shape[3])
         d_count = u64(out.shape[2])
         lane, row, row_step = cursor(u_group)
@@ -253,6 +253,20 @@ def _combine_kernel(codec, group=WARP, unroll=UNROLL):
                 store_row(dst, acc, base, d_count)
                 base += u_step
             row += row_step
+        if signed and t == u64(0):
+            state[0] = count + 1  # the next call's number (see pack_launch)
+        while t < checks:
+            if ours != theirs:
+                at = (t + u_words) * u_status  # (peer p, field f): t + WORDS = p * WORDS + f
+                status[at + u_one] = ours
+                status[at + u_two] = theirs
+                cuda.threadfence_system()  # the words before the flag, for the host
+                status[at] = 1
+            t += t_step
+            if t < checks:
+                f = t % u_words
+                ours, theirs = get_word(bits, u64(0), tokens, f), get_word(
+                    bits, t // u_words + u_one, tokens, f)
 
     return combine
 
@@ -269,7 +283,7 @@ def combine_codec(dtype, pairs=False):
         return _F32, dtype
     if dtype == np.float16:
         return _F16, dtype
-    if dtype != BFLOAT16:
+    if not is_bfloat16(dtype):
         raise TypeError(f"output dtype must be float16, bfloat16 or float32 (got {dtype})")
     if pairs:
         return _BF16X2, np.dtype(np.uint32)

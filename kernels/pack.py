@@ -55,7 +55,11 @@ def packed_row_steps(group=WARP, quads=False):
     and the bits of ``lse_bits[b, head]`` (``-inf`` for an empty or padding
     token ``b``) in ``dst[D:]``, for rows of ``group`` lanes; ``loaded``:
     ``buf`` already holds the lane's first step (``load_first_step``), so its
-    stores need not wait for loads issued here.
+    stores need not wait for loads issued here; and ``write_packed_row_early(src,
+    dst, lse_bits, b, head, seq_lens, query_start_loc, num_seqs, lane, d_count,
+    width, buf)``: the same row, whose first step's loads are issued before lane 0
+    reads the LSE (and searches a mask), so that those loads overlap (the pack's;
+    ``vector`` False).
 
     Each lane moves ``UNROLL`` elements per step, loading them all before it
     stores any, so that enough loads are in flight to run at memory bandwidth.
@@ -120,8 +124,7 @@ def packed_row_steps(group=WARP, quads=False):
         load_step(src, buf, step_start(lane, vector), d_count, vector)
 
     @jit
-    def write_packed_row_from(src, dst, lse_bits, b, head, seq_lens, query_start_loc, num_seqs,
-                              lane, d_count, width, buf, loaded, vector):
+    def write_row_data(src, dst, lane, d_count, buf, loaded, vector):
         base = step_start(lane, vector)
         while base < d_count:
             if not loaded:
@@ -135,15 +138,35 @@ def packed_row_steps(group=WARP, quads=False):
                     if d < d_count:
                         dst[d] = buf[k]
             base += u_step
-        if lane == 0:
-            bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)
-            if width - d_count == u_one:
-                dst[d_count] = bits
-            else:
-                dst[d_count] = bits & lse_mask
-                dst[d_count + u_one] = (bits >> lse_shift) & lse_mask
 
-    return load_first_step, write_packed_row_from
+    @jit
+    def write_lse_lanes(dst, bits, d_count, width):
+        if width - d_count == u_one:
+            dst[d_count] = bits
+        else:
+            dst[d_count] = bits & lse_mask
+            dst[d_count + u_one] = (bits >> lse_shift) & lse_mask
+
+    @jit
+    def write_packed_row_from(src, dst, lse_bits, b, head, seq_lens, query_start_loc, num_seqs,
+                              lane, d_count, width, buf, loaded, vector):
+        write_row_data(src, dst, lane, d_count, buf, loaded, vector)
+        if lane == 0:
+            write_lse_lanes(dst, row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc,
+                                              num_seqs), d_count, width)
+
+    @jit
+    def write_packed_row_early(src, dst, lse_bits, b, head, seq_lens, query_start_loc,
+                               num_seqs, lane, d_count, width, buf):
+        load_first_step(src, buf, lane, d_count, False)
+        bits = np.uint32(0)
+        if lane == 0:  # the LSE (and a mask's search) loads while the first step's do
+            bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)
+        write_row_data(src, dst, lane, d_count, buf, True, False)
+        if lane == 0:
+            write_lse_lanes(dst, bits, d_count, width)
+
+    return load_first_step, write_packed_row_from, write_packed_row_early
 
 
 @functools.cache
@@ -151,14 +174,14 @@ def packed_row_writer(group=WARP):
     """Device function ``write_packed_row(src, dst, lse_bits, b, head, seq_lens,
     query_start_loc, num_seqs, lane, d_count, width)``: this lane's share of one
     packed row (:func:`packed_row_steps`), loaded here. Used by the pack kernel."""
-    write_packed_row_from = packed_row_steps(group)[1]
+    write_packed_row_early = packed_row_steps(group)[2]
 
     @cuda.jit(device=True)
     def write_packed_row(src, dst, lse_bits, b, head, seq_lens, query_start_loc, num_seqs,
                          lane, d_count, width):
         buf = cuda.local.array(UNROLL, dst.dtype)
-        write_packed_row_from(src, dst, lse_bits, b, head, seq_lens, query_start_loc, num_seqs,
-                              lane, d_count, width, buf, False, False)
+        write_packed_row_early(src, dst, lse_bits, b, head, seq_lens, query_start_loc,
+                               num_seqs, lane, d_count, width, buf)
 
     return write_packed_row
 
@@ -179,25 +202,17 @@ def _pack_kernel(group=WARP, half=False):
              signature, state):
         b_count = u64(data.shape[0])
         hn = u64(send.shape[2])
-        if u64(send.shape[1]) > b_count:  # a plan's trailer rows: sign every chunk
-            # state[0] is read here and written only by the combine, state[1] the reverse:
-            # no thread of a kernel reads a word another of its threads writes
-            call = np.uint32(state[0] & low32)
-            t, t_step = flat_thread()
-            if t == u64(0):
-                state[1] = state[0]
-            while t < u64(send.shape[0]) * u_words:
-                r, f = t // u_words, t % u_words
-                value = np.uint32(signature[f])
-                if f == u_tokens:
-                    value = np.uint32(b_count)
-                elif f == u_call:
-                    value = call
-                if self_rank >= 0 and r == u64(self_rank):
-                    put_word(recv, r, b_count, f, value)
-                else:
-                    put_word(send, r, b_count, f, value)
-                t += t_step
+        # A plan's trailer rows: threads 0 .. N * WORDS - 1 sign every chunk. They load
+        # what they write before their rows and write it after, so that no row waits on
+        # those loads. state[0] is read here and written only by the combine, state[1]
+        # the reverse: no thread of a kernel reads a word another of its threads writes.
+        words = u64(send.shape[0]) * u_words if u64(send.shape[1]) > b_count else u64(0)
+        t, t_step = flat_thread()
+        count = np.int64(0)
+        word = np.uint32(0)
+        if t < words:
+            count = state[0]
+            word = np.uint32(signature[t % u_words])
         rows = u64(send.shape[0]) * b_count * hn
         width = u64(send.shape[3])
         d_count = u64(data.shape[2])
@@ -212,6 +227,25 @@ def _pack_kernel(group=WARP, half=False):
             write_packed_row(data[b, head], dst, lse_bits, b, head, seq_lens, query_start_loc,
                              num_seqs, lane, d_count, width)
             row += row_step
+        if t < words:
+            if t == u64(0):
+                state[1] = count
+            call = np.uint32(count & low32)
+            while True:
+                r, f = t // u_words, t % u_words
+                value = word
+                if f == u_tokens:
+                    value = np.uint32(b_count)
+                elif f == u_call:
+                    value = call
+                if self_rank >= 0 and r == u64(self_rank):
+                    put_word(recv, r, b_count, f, value)
+                else:
+                    put_word(send, r, b_count, f, value)
+                t += t_step
+                if t >= words:
+                    break
+                word = np.uint32(signature[t % u_words])
 
     return pack
 

@@ -54,7 +54,7 @@ def inputs(rank, dtype, d):
             rng.uniform(-3, 3, (B, N * HN)).astype(np.float32))
 
 
-@pytest.mark.parametrize("d", [1, 8])
+@pytest.mark.parametrize("d", [1, 8, 30])  # 30: rows that hold the whole trailer
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_the_pack_signs_every_chunk(dtype, d):
     dtype = as_dtype(dtype)
@@ -101,7 +101,7 @@ def combine_ranks(dtype, d, odd_sig=None, odd_state=None):
     return out, out_lse, status, state, np.stack(xs), np.stack(lses)
 
 
-@pytest.mark.parametrize("d", [1, 8])
+@pytest.mark.parametrize("d", [1, 8, 30])  # 30: rows that hold the whole trailer
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_the_combine_of_signed_chunks_is_exact(dtype, d):
     dtype = as_dtype(dtype)
