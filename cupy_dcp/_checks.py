@@ -8,7 +8,7 @@ import numbers
 
 import numpy as np
 
-from .layout import BFLOAT16, SUPPORTED_DTYPES, as_dtype, check_heads
+from .layout import as_dtype, check_heads, is_bfloat16, is_supported
 
 __all__ = ["check_count", "check_flag", "check_inputs", "check_lse_range", "check_mask",
            "check_out", "lse_float32_dtype"]
@@ -38,7 +38,7 @@ def check_inputs(out, lse, world_size):
         dtype = as_dtype(out.dtype)
     except TypeError:
         dtype = None
-    if dtype not in SUPPORTED_DTYPES:
+    if dtype is None or not is_supported(dtype):
         raise TypeError(
             f"cp_attn_out dtype must be float16, bfloat16 or float32 (got {out.dtype})")
     B, H, D = shape
@@ -57,7 +57,7 @@ def lse_float32_dtype(dtype):
         dt = as_dtype(dtype)
     except TypeError:
         dt = None
-    if dt is None or not (dt.kind == "f" or dt == BFLOAT16):
+    if dt is None or not (dt.kind == "f" or is_bfloat16(dt)):
         raise TypeError(f"cp_attn_lse must be a float array (got dtype {dtype})")
     return dt
 
@@ -81,7 +81,7 @@ def check_count(value, name, minimum):
 def check_lse_range(lse):
     """A host LSE wider than float32 must fit it: a finite value that would become
     +-inf (+inf means "empty") is a ``ValueError``."""
-    if not isinstance(lse, np.ndarray) or lse.dtype.itemsize <= 4 or lse.dtype == BFLOAT16:
+    if not isinstance(lse, np.ndarray) or lse.dtype.itemsize <= 4 or is_bfloat16(lse.dtype):
         return
     with np.errstate(invalid="ignore"):
         beyond = np.isfinite(lse) & (np.abs(lse) > _FLOAT32_MAX)

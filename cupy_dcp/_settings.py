@@ -28,8 +28,6 @@ resolves differently makes every rank raise ``ValueError``.
 
 import os
 
-from .kernels._launch import LAUNCHERS
-
 __all__ = ["PROTOCOLS", "kernel_cache_dir", "launcher", "pdl", "protocols",
            "spawn_environment"]
 
@@ -82,6 +80,8 @@ def protocols(value=None, env=os.environ):
 def launcher(value=None, env=os.environ):
     """The launcher asked for: ``value`` (one of ``LAUNCHERS``), else
     ``CUPY_DCP_LAUNCHER``, else ``None`` (the first that runs here)."""
+    from .kernels._launch import LAUNCHERS  # here: it imports Numba's CUDA target
+
     if value is not None:
         if value not in LAUNCHERS:
             raise ValueError(f"launcher must be one of {LAUNCHERS} or None (got {value!r})")

@@ -16,7 +16,6 @@ direct kernels, the host twins) takes them from here; :func:`lse_lanes` and
 :func:`split_packed` are the host's (NumPy) side of the same.
 """
 
-import ml_dtypes
 import numpy as np
 
 __all__ = [
@@ -28,6 +27,8 @@ __all__ = [
     "bits_dtype",
     "c_strides",
     "check_heads",
+    "is_bfloat16",
+    "is_supported",
     "lse_lanes",
     "lse_pack_dim",
     "round_from_float64",
@@ -38,12 +39,41 @@ __all__ = [
 LSE_HALF_BITS = 16  # a 16-bit output's LSE: lane D the low 16 bits, lane D + 1 the high 16
 LSE_HALF_MASK = 0xFFFF
 
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-SUPPORTED_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
+# ``BFLOAT16`` (``ml_dtypes.bfloat16`` as a NumPy dtype) and ``SUPPORTED_DTYPES`` are
+# made on first use (module ``__getattr__``): importing ml_dtypes costs most of a
+# second, which a float16 or float32 caller need not pay; a bfloat16 caller has it
+# already.
+_NAMES = {"float16": np.dtype(np.float16), "fp16": np.dtype(np.float16),
+          "half": np.dtype(np.float16), "float32": np.dtype(np.float32),
+          "fp32": np.dtype(np.float32)}
+_BF16_NAMES = ("bfloat16", "bf16")
+_SUPPORTED_NAMES = ("float16", "bfloat16", "float32")
 
-_NAMES = {"bfloat16": BFLOAT16, "bf16": BFLOAT16, "float16": np.dtype(np.float16),
-          "fp16": np.dtype(np.float16), "half": np.dtype(np.float16),
-          "float32": np.dtype(np.float32), "fp32": np.dtype(np.float32)}
+
+def _bfloat16():
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def __getattr__(name):
+    if name == "BFLOAT16":
+        return _bfloat16()
+    if name == "SUPPORTED_DTYPES":
+        return (np.dtype(np.float16), _bfloat16(), np.dtype(np.float32))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def is_bfloat16(dtype):
+    """Whether the NumPy dtype ``dtype`` is ``ml_dtypes.bfloat16`` (without importing
+    ml_dtypes: an array of that dtype has imported it already)."""
+    return dtype.name == "bfloat16" and dtype.itemsize == 2 and dtype.kind == "V"
+
+
+def is_supported(dtype):
+    """Whether the NumPy dtype ``dtype`` is one the kernels take: float16, bfloat16 or
+    float32."""
+    return is_bfloat16(dtype) or (dtype.kind == "f" and dtype.name in _SUPPORTED_NAMES)
 
 
 def as_dtype(dtype):
@@ -55,12 +85,16 @@ def as_dtype(dtype):
     """
     if isinstance(dtype, str) and dtype.lower() in _NAMES:
         return _NAMES[dtype.lower()]
+    if isinstance(dtype, str) and dtype.lower() in _BF16_NAMES:
+        return _bfloat16()
     try:
         return np.dtype(dtype)
     except TypeError:
         name = str(dtype).rsplit(".", 1)[-1].lower()
         if name in _NAMES:
             return _NAMES[name]
+        if name in _BF16_NAMES:
+            return _bfloat16()
         try:
             return np.dtype(name)
         except TypeError:
@@ -84,7 +118,7 @@ def lse_pack_dim(dtype):
         dt = as_dtype(dtype)
     except TypeError:
         dt = None
-    if dt is not None and dt in SUPPORTED_DTYPES:
+    if dt is not None and is_supported(dt):
         return 1 if dt.itemsize == 4 else 2
     raise ValueError(
         f"output dtype must be float16, bfloat16 or float32 (got {dtype!r})")
@@ -128,7 +162,7 @@ def round_from_float64(values, dtype):
     """
     dtype = as_dtype(dtype)
     values = np.asarray(values, dtype=np.float64)
-    if dtype != BFLOAT16:
+    if not is_bfloat16(dtype):
         return values.astype(dtype)
     with np.errstate(over="ignore", invalid="ignore"):
         narrow = values.astype(np.float32)

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 from numba import config
 
-from ._format import SUPPORTED_DTYPES, as_dtype, bits_dtype, check_heads, lse_pack_dim
+from ._format import as_dtype, bits_dtype, check_heads, is_supported, lse_pack_dim
 
 __all__ = ["check_combine_args", "check_pack_args"]
 
@@ -21,7 +21,7 @@ def _dtype(x, name):
         dt = as_dtype(x.dtype)
     except TypeError:
         dt = None
-    if dt not in SUPPORTED_DTYPES and not (dt is not None and dt.kind == "u"):
+    if dt is None or not (is_supported(dt) or dt.kind == "u"):
         raise TypeError(f"{name} dtype must be float16, bfloat16 or float32 (got {x.dtype})")
     return dt
 
@@ -68,7 +68,7 @@ def check_pack_args(out, lse, send, seq_lens=None, query_start_loc=None, recv=No
     if len(out.shape) != 3:
         raise ValueError(f"out must be [B, H, D] (got shape {_shape(out)})")
     dtype = _dtype(out, "out")
-    if dtype not in SUPPORTED_DTYPES:
+    if not is_supported(dtype):
         raise TypeError(f"out dtype must be float16, bfloat16 or float32 (got {out.dtype})")
     B, H, D = _shape(out)
     if _shape(lse) != (B, H):
@@ -95,7 +95,7 @@ def check_combine_args(recv, out, out_lse=None):
     if len(out.shape) != 3:
         raise ValueError(f"out must be [B, H/N, D] (got shape {_shape(out)})")
     dtype = _dtype(out, "out")
-    if dtype not in SUPPORTED_DTYPES:
+    if not is_supported(dtype):
         raise TypeError(f"out dtype must be float16, bfloat16 or float32 (got {out.dtype})")
     B, hn, D = _shape(out)
     if len(recv.shape) != 4 or recv.shape[0] < 1:

@@ -23,7 +23,7 @@ import functools
 import numpy as np
 from numba import types
 
-from .._format import BFLOAT16, c_strides
+from .._format import c_strides, is_bfloat16
 from .._launch import DeviceArray, SpecializedKernel, array_type
 from .._rows import WARP, lanes_per_row
 from .._vector import QUAD
@@ -100,7 +100,7 @@ def call_kernels(dtype, n, bits, head_dim, dependent=False, protocol=Protocol.TI
     if np.dtype(bits).itemsize == 2 and D % 2 == 0:  # the usual case: 16-bit data as words
         kernels.append(direct_kernel(dtype, n, np.dtype(np.uint32), False, lanes_per_row(D // 2),
                                      lanes_per_row(D), dependent, protocol=protocol))
-        if np.dtype(dtype) == BFLOAT16:  # and combined in pairs, where the output allows
+        if is_bfloat16(np.dtype(dtype)):  # and combined in pairs, where the output allows
             kernels.append(direct_kernel(dtype, n, np.dtype(np.uint32), True,
                                          lanes_per_row(D // 2), lanes_per_row(D // 2), dependent,
                                          protocol=protocol))
