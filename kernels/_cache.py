@@ -417,8 +417,11 @@ def _link_ptx(ptx, cc, options):
     """The cubin of ``ptx`` for ``cc``, linked as Numba links a kernel's PTX."""
     from numba.cuda.cudadrv import driver
 
-    linker = driver.Linker.new(max_registers=options.get("max_registers") or 0,
-                               lineinfo=bool(options.get("lineinfo")), cc=cc)
+    # numba-cuda's own linker, as CUDACodeLibrary.get_cubin makes it (private: the
+    # version of numba-cuda is in every key); older releases named it Linker.new
+    make = getattr(driver, "_Linker", None) or driver.Linker.new
+    linker = make(max_registers=options.get("max_registers") or None,
+                  lineinfo=bool(options.get("lineinfo")), cc=cc)
     linker.add_ptx(bytes(ptx))
     cubin = linker.complete()
     return bytes(getattr(cubin, "code", cubin))

@@ -19,11 +19,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-def _bounded_job(nprocs, argv, timeout):
+def _bounded_job(nprocs, argv, timeout, env=None):
     cmd = mpiexec_command(nprocs, sys.executable, "-m", "mpi4py", *argv)
     assert cmd is not None, "no mpiexec"
     timeout = min(timeout, float(os.environ.get("CUPY_DCP_JOB_TIMEOUT", timeout)))
-    return run_bounded(cmd, timeout, cwd=HERE, env=mpiexec_env())
+    return run_bounded(cmd, timeout, cwd=HERE, env=mpiexec_env(**(env or {})))
 
 
 def run_job(nprocs, *argv, timeout=600):
@@ -34,9 +34,11 @@ def run_job(nprocs, *argv, timeout=600):
     return out
 
 
-def run_worker_job(nprocs, worker, *argv, timeout=600):
-    """A worker's job (``run_worker``): every rank's record, once it has exited 0."""
-    return job_results(_bounded_job(nprocs, (str(HERE / worker), *argv), timeout), nprocs)
+def run_worker_job(nprocs, worker, *argv, timeout=600, env=None):
+    """A worker's job (``run_worker``): every rank's record, once it has exited 0;
+    ``env``: variables to set in its environment."""
+    return job_results(_bounded_job(nprocs, (str(HERE / worker), *argv), timeout, env),
+                       nprocs)
 
 
 @requires_two_gpus
@@ -77,6 +79,18 @@ RACE_CALLS = 10_000
 def test_direct_plan_exact():
     for record in run_worker_job(2, "gpu_direct_worker.py", "exact"):
         assert record["cases"] > 0 and record["repeated_calls"] > 0, record
+
+
+@requires_gpu
+def test_direct_plan_exact_from_a_warm_cache(tmp_path):
+    """The same job twice on one empty kernel cache: the first fills it, the second
+    compiles nothing (every kernel loaded) and is exact all the same."""
+    env = {"CUPY_DCP_CACHE_DIR": str(tmp_path / "kernels")}
+    cold = run_worker_job(2, "gpu_direct_worker.py", "exact", env=env)
+    warm = run_worker_job(2, "gpu_direct_worker.py", "exact", env=env)
+    assert sum(r["compiled"] for r in cold) > 0, cold
+    for record in warm:
+        assert record["cases"] > 0 and record["compiled"] == 0 and record["loaded"] > 0, record
 
 
 @requires_gpu
