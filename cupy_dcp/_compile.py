@@ -18,7 +18,7 @@ import functools
 
 import numpy as np
 
-from .layout import BFLOAT16, lse_pack_dim
+from .layout import is_bfloat16, lse_pack_dim
 from .kernels._rows import WARP, lanes_per_row
 
 __all__ = ["a2a_tasks", "agrs_tasks", "build_shared", "direct_paths", "direct_residency",
@@ -38,7 +38,7 @@ def a2a_tasks(dtype, head_dim):
              functools.partial(combine_kernel, dtype, False, lanes_per_row(D))]
     if bits.itemsize == 2 and D % 2 == 0:  # the word-wide variants
         tasks.append(functools.partial(pack_kernel, np.dtype(np.uint32), lanes_per_row(D // 2)))
-        if dtype == BFLOAT16:
+        if is_bfloat16(dtype):
             tasks.append(functools.partial(combine_kernel, dtype, True, lanes_per_row(D // 2)))
     return tasks
 
@@ -64,7 +64,7 @@ def direct_tasks(dtype, n, bits, head_dim, dependent, path):
     variants = [(bits, False, lanes_per_row(D), lanes_per_row(D))]
     if bits.itemsize == 2 and D % 2 == 0:  # 16-bit data as words, and bfloat16 in pairs
         variants.append((words, False, lanes_per_row(D // 2), lanes_per_row(D)))
-        if dtype == BFLOAT16:
+        if is_bfloat16(dtype):
             variants.append((words, True, lanes_per_row(D // 2), lanes_per_row(D // 2)))
     return [functools.partial(direct_kernel, dtype, n, push_bits, pairs, push_group, group,
                               bool(dependent), **options)
@@ -124,6 +124,9 @@ def direct_residency(comm, dtype, bits, head_dim, max_tokens, local_heads, depen
 
     first = [p for p in ("words", "lines")
              if p in direct_paths(*sizes, None, None, None, protocols)]
+    # both paths' kernels in one build, so that a cold one makes them all at once
+    build_shared(mpi, [t for p in first
+                       for t in direct_tasks(dtype, n, bits, head_dim, dependent, p)])
     found = {p: resident(p) for p in first}
     # the blocks every rank can count on, as the plan reckons them: ranks that share a
     # GPU bound every kernel by the fewest of any (the kernels of no call's path aside)
