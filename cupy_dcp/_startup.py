@@ -5,8 +5,9 @@ direct plan's ranks may share a GPU, the NCCL plans get no more ranks than
 GPUs) twice: first on an empty
 kernel cache (cold), then on what that run left (warm), and prints the
 seconds from the start of the processes to the kind's first result (rank 0's
-``since start``: interpreter, MPI and imports included), and how they split
-into ``import cupy_dcp``, building the plan, and its first call (to a
+``since start``: interpreter, MPI and imports included), and three parts of them:
+``import cupy_dcp`` (alone: not NumPy's import, nor MPI's start), building the
+plan, and its first call (to a
 synchronised result; for ``host``, ``plan`` is making the inputs). Kinds: ``host`` (the NumPy path, :func:`dcp_a2a_lse_reduce`
 on host arrays over MPI), ``a2a`` (:class:`DcpA2APlan`), ``direct``
 (:class:`DcpDirectPlan`) and ``agrs`` (:class:`DcpAgRsPlan`); by default
@@ -19,6 +20,7 @@ keeps the warm cache in DIR.
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -90,8 +92,9 @@ def measure(kind, args, folder, ranks):
                                       OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1")
     argv.append(repr(time.time()))  # the clock at the start, for the ranks' "since start"
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
-    records = [json.loads(line[len("startup "):]) for line in proc.stdout.splitlines()
-               if line.startswith("startup ")]
+    lines = (re.sub(r"\x1b\[[0-9;]*m", "", line) for line in proc.stdout.splitlines())
+    records = [json.loads(line[len("startup "):]) for line in lines
+               if line.startswith("startup ")]  # past any terminal colour codes
     if proc.returncode != 0 or not records:
         raise RuntimeError(f"the {kind} start failed (exit {proc.returncode}):\n"
                            f"{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
@@ -138,10 +141,12 @@ def child(kind, tokens, heads, head_dim, dtype_name, sharing, folder, spawned):
     make its first call, print rank 0's times as ``startup {json}``; ``sharing``:
     ``"alone"`` to compile without the node's other ranks; ``spawned``: the clock
     (``time.time()``) when the parent started the ranks."""
-    began = time.perf_counter()
     import numpy as np
 
+    began = time.perf_counter()
     import cupy_dcp
+
+    light = time.perf_counter()  # ``import cupy_dcp`` alone: MPI's start is not its
     from mpi4py import MPI
 
     from ._compile import share_compiles
@@ -177,7 +182,7 @@ def child(kind, tokens, heads, head_dim, dtype_name, sharing, folder, spawned):
         plan.close()
     done = time.perf_counter()
     counts = _cache.stats()
-    record = dict(since_start=time.time() - spawned, import_=imported - began,
+    record = dict(since_start=time.time() - spawned, import_=light - began,
                   plan=planned - imported, first_call=done - planned, **counts)
     record["import"] = record.pop("import_")
     records = mpi.gather(record)
