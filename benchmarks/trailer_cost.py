@@ -4,11 +4,11 @@ a CUDA graph, with and without the trailer, in one run on one GPU.
     python benchmarks/trailer_cost.py [--ranks 2] [--tokens 1 32 512] [--heads 32]
                                       [--head-dim 128] [--dtype bfloat16]
 
-Each row is one B: microseconds per call (a pack and a combine, as ``DcpA2APlan``
-launches them, no exchange: the receive buffer is the send buffer) without the
-trailer, with it, and the difference; the two are measured in alternating rounds
-(medians of ``--rounds`` rounds of ``--calls`` calls per graph replay), so that
-clock drift falls on both. The combine's status (device memory here, host-mapped
+Each row is one B and the kernels timed: microseconds per call (a pack and a
+combine, as ``DcpA2APlan`` launches them, no exchange: the receive buffer is the
+send buffer; then each alone) without the trailer, with it, and the difference;
+all are measured in alternating rounds (medians of ``--rounds`` rounds of
+``--calls`` calls per graph replay), so that clock drift falls on each alike. The combine's status (device memory here, host-mapped
 in a plan: it is written only where a chunk differs) must stay clear, since every
 chunk carries the same signature; the run fails otherwise.
 """
@@ -94,22 +94,27 @@ def main(argv=None):
     stream = cupy.cuda.Stream(non_blocking=True)
     print(f"N={args.ranks} H={args.heads} D={args.head_dim} {dtype}: us per pack + combine "
           f"in a CUDA graph", flush=True)
-    print(f"{'B':>6} {'plain us':>9} {'signed us':>10} {'trailer us':>11}", flush=True)
+    print(f"{'B':>6} {'kernels':>14} {'plain us':>9} {'signed us':>10} {'trailer us':>11}",
+          flush=True)
     for tokens in args.tokens:
         runs = {}
         for signed in (False, True):
             launches, status, keep = _launches(cupy, dtype, args.ranks, tokens, args.heads,
                                                args.head_dim, signed)
-            runs[signed] = (_graph(cupy, stream, launches, args.calls), status, keep)
-        samples = {False: [], True: []}
+            for part, chosen in (("pack + combine", launches), ("pack", launches[:1]),
+                                 ("combine", launches[1:])):
+                runs[part, signed] = (_graph(cupy, stream, chosen, args.calls), status, keep)
+        samples = {key: [] for key in runs}
         for _ in range(args.rounds):
-            for signed in (False, True):
-                samples[signed].append(_us(cupy, stream, runs[signed][0], args.calls))
-        if bool(runs[True][1].any()):
-            raise SystemExit(f"B={tokens}: the combine marked a difference: {runs[True][1]}")
-        plain, signed = (float(np.median(samples[s])) for s in (False, True))
-        print(f"{tokens:>6} {plain:>9.2f} {signed:>10.2f} {signed - plain:>+11.2f}", flush=True)
-
+            for key in runs:
+                samples[key].append(_us(cupy, stream, runs[key][0], args.calls))
+        for part in ("pack + combine", "pack", "combine"):
+            if bool(runs[part, True][1].any()):
+                raise SystemExit(f"B={tokens}: the combine marked a difference: "
+                                 f"{runs[part, True][1]}")
+            plain, signed = (float(np.median(samples[part, s])) for s in (False, True))
+            print(f"{tokens:>6} {part:>14} {plain:>9.2f} {signed:>10.2f} "
+                  f"{signed - plain:>+11.2f}", flush=True)
 
 if __name__ == "__main__":
     main()
