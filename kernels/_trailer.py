@@ -42,7 +42,8 @@ def trailer_functions(half):
     """Device functions ``put_word(chunks, r, tokens, f, value)`` and ``get_word(chunks,
     r, tokens, f)``: word ``f`` of chunk ``r``'s trailer in ``chunks [N, B + k, H/N,
     W]`` (uint16 elements where ``half``, else uint32; ``tokens``: ``B``, uint64);
-    ``flat_thread()``: the grid-stride cursor over single threads."""
+    ``flat_thread()``: the grid-stride cursor over single threads; ``check_words(chunks,
+    tokens, t)``: the two words that the combine's check ``t`` compares."""
     u64 = np.uint64
     low, sixteen = np.uint32(0xFFFF), np.uint32(16)
     jit = cuda.jit(device=True)
@@ -89,4 +90,14 @@ def trailer_functions(half):
             * u64(cuda.blockDim.x) + u64(cuda.threadIdx.x)
         return t, u64(cuda.gridDim.x) * per_block
 
-    return put_word, get_word, flat_thread
+    u_words, u_one = u64(WORDS), u64(1)
+
+    @jit
+    def check_words(chunks, tokens, t):
+        """Check ``t``'s two words: field ``t % WORDS`` of rank 0's trailer and of peer
+        ``t // WORDS + 1``'s."""
+        f = t % u_words
+        return get_word(chunks, u64(0), tokens, f), get_word(chunks, t // u_words + u_one,
+                                                             tokens, f)
+
+    return put_word, get_word, flat_thread, check_words

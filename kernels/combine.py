@@ -189,7 +189,7 @@ def _combine_kernel(codec, group=WARP, unroll=UNROLL):
     step = group * unroll
     cursor = row_cursor()
 
-    _, get_word, flat_thread = trailer_functions(RAW_BITS[codec].itemsize == 2)
+    _, _, flat_thread, check_words = trailer_functions(RAW_BITS[codec].itemsize == 2)
 
     u64 = np.uint64
     u_group, u_step, u_one, u_two = u64(group), u64(step), u64(1), u64(2)
@@ -213,9 +213,7 @@ def _combine_kernel(codec, group=WARP, unroll=UNROLL):
             count = state[1]
         ours = theirs = np.uint32(0)
         if t < checks:
-            f = t % u_words
-            ours, theirs = get_word(bits, u64(0), tokens, f), get_word(bits, t // u_words + u_one,
-                                                                       tokens, f)
+            ours, theirs = check_words(bits, tokens, t)
         width = u64(vals.shape[3])
         d_count = u64(out.shape[2])
         lane, row, row_step = cursor(u_group)
@@ -264,9 +262,7 @@ def _combine_kernel(codec, group=WARP, unroll=UNROLL):
                 status[at] = 1
             t += t_step
             if t < checks:
-                f = t % u_words
-                ours, theirs = get_word(bits, u64(0), tokens, f), get_word(
-                    bits, t // u_words + u_one, tokens, f)
+                ours, theirs = check_words(bits, tokens, t)
 
     return combine
 

@@ -190,7 +190,7 @@ def packed_row_writer(group=WARP):
 def _pack_kernel(group=WARP, half=False):
     write_packed_row = packed_row_writer(group)
     cursor = row_cursor()
-    put_word, _, flat_thread = trailer_functions(half)
+    put_word, _, flat_thread, _ = trailer_functions(half)
 
     u64 = np.uint64
     u_group, u_words, u_tokens, u_call = u64(group), u64(WORDS), u64(TOKENS), u64(CALL)

@@ -25,7 +25,7 @@ from numba import cuda
 from .._sync import sync_functions
 
 __all__ = ["CHECK_EVERY", "COMBINE", "PEER_FAILED", "PUSH", "STATE_WORDS", "TIMED_OUT",
-           "TRACE_STAMPS", "grid_dependency", "peer_functions", "rank_functions",
+           "TRACE_STAMPS", "call_start", "grid_dependency", "peer_functions", "rank_functions",
            "trace_functions"]
 
 STATE_WORDS = 4
@@ -88,6 +88,33 @@ def trace_functions(trace):
         stamp_at(state, epoch, k, clock())
 
     return SimpleNamespace(clock=clock, stamp_at=stamp_at, stamp=stamp)
+
+
+@functools.cache
+def call_start(dependent, trace):
+    """Device function ``begin_call(state, data, vals, tile_rows) -> (epoch, slot, hn,
+    rows, tiles)``: how every direct kernel starts a call. It waits for the kernel
+    before it (a dependent launch: before the first load of anything), stamps its
+    entry and that wait (traced), and gives the call's epoch, its slot parity, the
+    local heads, the (token, head) rows and the tiles of ``tile_rows`` rows."""
+    await_predecessor = grid_dependency(dependent)[0]
+    t = trace_functions(trace)
+    clock, stamp_at = t.clock, t.stamp_at
+
+    @cuda.jit(device=True)
+    def begin_call(state, data, vals, tile_rows):
+        entered = clock()
+        await_predecessor()
+        awaited = clock()
+        epoch = state[0] + 1
+        stamp_at(state, epoch, 0, entered)
+        stamp_at(state, epoch, 1, awaited)
+        slot = u64(epoch & 1)
+        hn = u64(vals.shape[3])
+        rows = u64(data.shape[0]) * hn
+        return epoch, slot, hn, rows, (rows + u64(tile_rows) - u_one) // u64(tile_rows)
+
+    return begin_call
 
 
 @functools.cache

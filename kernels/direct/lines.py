@@ -24,8 +24,8 @@ from .._sync import sync_functions
 from .._vector import vector_functions
 from ..combine import _BF16X2, _F32, codec_functions
 from ..pack import lse_bits_reader
-from ._peers import (CHECK_EVERY, COMBINE, PEER_FAILED, PUSH, grid_dependency, peer_functions,
-                     rank_functions, trace_functions)
+from ._peers import (CHECK_EVERY, COMBINE, PEER_FAILED, PUSH, call_start, grid_dependency,
+                     peer_functions, rank_functions, trace_functions)
 from ._shared import packed_words, payload_combine
 from ._window import (BLOCKS_PER_SM, LINE_CHUNKS, LINE_TILE_ROWS, LINE_WORDS, WARPS,
                       line_items)
@@ -437,9 +437,9 @@ def lines_kernel(codec, n, halves, dependent=False, trace=False):
     pushed elements where ``halves`` (the arguments of ``direct_kernel``; its
     word-by-word region's argument is the lines region)."""
     load_relaxed = sync_functions()["load_relaxed"]
-    await_predecessor, release_dependents = grid_dependency(dependent)
-    t = trace_functions(trace)
-    clock, stamp_at, stamp = t.clock, t.stamp_at, t.stamp
+    release_dependents = grid_dependency(dependent)[1]
+    stamp = trace_functions(trace).stamp
+    begin_call = call_start(dependent, trace)
     p = peer_functions(n)
     give_up, arrive = p.give_up, p.arrive
     class_bounds = _line_chunks(halves).class_bounds
@@ -461,17 +461,8 @@ def lines_kernel(codec, n, halves, dependent=False, trace=False):
     def direct_lines(phases, data_bits, data, lse_bits, lse, seq_lens, query_start_loc, num_seqs,
                      windows, vals, bits, flags, state, status, out, out_lse, write_lse, base_e,
                      self_rank, timeout_ns, tile_rows, push_blocks, lls, push_vector):
-        entered = clock()
-        await_predecessor()  # a dependent launch: before the first load of anything
-        awaited = clock()
+        epoch, slot, hn, rows, tiles = begin_call(state, data, vals, tile_rows)
         me = u64(self_rank)
-        epoch = state[0] + 1
-        stamp_at(state, epoch, 0, entered)
-        stamp_at(state, epoch, 1, awaited)
-        slot = u64(epoch & 1)
-        hn = u64(vals.shape[3])
-        rows = u64(data.shape[0]) * hn
-        tiles = (rows + u64(tile_rows) - u_one) // u64(tile_rows)
         push_count = u64(data_bits.shape[2])
         vector = push_vector != 0  # the pushes move 16-byte quads
         pushing = (phases & PUSH) != 0

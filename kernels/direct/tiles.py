@@ -22,7 +22,7 @@ from .._rows import UNROLL, WARP
 from .._sync import sync_functions
 from ..combine import RAW, codec_functions, lane_weights, row_accumulator
 from ..pack import packed_row_steps
-from ._peers import (COMBINE, PUSH, grid_dependency, peer_functions, rank_functions,
+from ._peers import (COMBINE, PUSH, call_start, grid_dependency, peer_functions, rank_functions,
                      trace_functions)
 from ._window import BLOCKS_PER_SM, WARPS
 
@@ -230,9 +230,9 @@ def tiles_kernel(codec, n, push_group, group, halves, dependent=False, unroll=UN
     and ``group`` lanes a row in the push and the combine, and 16-bit pushed
     elements where ``halves`` (the arguments of ``direct_kernel``)."""
     load_relaxed = sync_functions()["load_relaxed"]
-    await_predecessor, release_dependents = grid_dependency(dependent)
-    t = trace_functions(trace)
-    clock, stamp_at, stamp = t.clock, t.stamp_at, t.stamp
+    release_dependents = grid_dependency(dependent)[1]
+    stamp = trace_functions(trace).stamp
+    begin_call = call_start(dependent, trace)
     arrive = peer_functions(n).arrive
     preload_push, push_and_release = _tile_pushes(n, push_group, halves)
     wait_and_combine = _tile_combines(codec, n, group, unroll, trace)
@@ -249,17 +249,8 @@ def tiles_kernel(codec, n, push_group, group, halves, dependent=False, unroll=UN
     def direct_tiles(phases, data_bits, data, lse_bits, lse, seq_lens, query_start_loc, num_seqs,
                      windows, vals, bits, flags, state, status, out, out_lse, write_lse, base_e,
                      self_rank, timeout_ns, tile_rows, push_blocks, lls, push_vector):
-        entered = clock()
-        await_predecessor()  # a dependent launch: before the first load of anything
-        awaited = clock()
+        epoch, slot, hn, rows, tiles = begin_call(state, data, vals, tile_rows)
         me = u64(self_rank)
-        epoch = state[0] + 1
-        stamp_at(state, epoch, 0, entered)
-        stamp_at(state, epoch, 1, awaited)
-        slot = u64(epoch & 1)
-        hn = u64(vals.shape[3])
-        rows = u64(data.shape[0]) * hn
-        tiles = (rows + u64(tile_rows) - u_one) // u64(tile_rows)
         max_tiles = (u64(flags[0].shape[0]) - u_n) // u_n
         push_width = u64(windows[0].shape[4])
         push_count = u64(data_bits.shape[2])
