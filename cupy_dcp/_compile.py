@@ -27,19 +27,25 @@ __all__ = ["a2a_tasks", "agrs_tasks", "build_shared", "direct_paths", "direct_re
 PATHS = ("tiles", "words", "lines")  # the order of a direct plan's residency list
 
 
-def a2a_tasks(dtype, head_dim):
-    """The pack and combine kernels of a :class:`DcpA2APlan`."""
-    from .kernels.combine import combine_kernel
+def a2a_tasks(dtype, head_dim, world_size=0):
+    """The pack and combine kernels of a :class:`DcpA2APlan` of ``world_size`` ranks
+    (0: the combine for any N)."""
+    from .kernels.combine import combine_kernel, combine_variants, static_shards
     from .kernels.pack import pack_kernel
 
     dtype, D = np.dtype(dtype), int(head_dim)
+    shards = static_shards(world_size) if world_size else 0
     bits = np.dtype(np.uint32 if dtype.itemsize == 4 else np.uint16)
-    tasks = [functools.partial(pack_kernel, bits, lanes_per_row(D)),
-             functools.partial(combine_kernel, dtype, False, lanes_per_row(D))]
+
+    def combines(pairs, elements):
+        return [functools.partial(combine_kernel, dtype, pairs, group, shards, unroll)
+                for group, unroll in combine_variants(dtype, pairs, elements, shards)]
+
+    tasks = [functools.partial(pack_kernel, bits, lanes_per_row(D))] + combines(False, D)
     if bits.itemsize == 2 and D % 2 == 0:  # the word-wide variants
         tasks.append(functools.partial(pack_kernel, np.dtype(np.uint32), lanes_per_row(D // 2)))
         if is_bfloat16(dtype):
-            tasks.append(functools.partial(combine_kernel, dtype, True, lanes_per_row(D // 2)))
+            tasks += combines(True, D // 2)
     return tasks
 
 

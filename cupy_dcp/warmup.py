@@ -66,7 +66,7 @@ def tasks(args):
     bits = bits_dtype(dtype)
     found = []
     if "a2a" in args.plans:
-        found += [(f"a2a #{i}", t) for i, t in enumerate(_compile.a2a_tasks(dtype, D))]
+        found += [(f"a2a #{i}", t) for i, t in enumerate(_compile.a2a_tasks(dtype, D, n))]
     if "agrs" in args.plans:
         found += [(f"agrs #{i}", t)
                   for i, t in enumerate(_compile.agrs_tasks(dtype, args.heads, D))]

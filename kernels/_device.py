@@ -18,9 +18,9 @@ from types import SimpleNamespace
 import numpy as np
 from numba import config, cuda, float32, int32, types, uint32
 
-from ._math import build_bits, build_math, build_mask, build_row_weights
+from ._math import build_bits, build_held_weights, build_math, build_mask, build_row_weights
 
-__all__ = ["device_functions", "inline_device", "row_weights_of"]
+__all__ = ["device_functions", "held_weights", "inline_device", "row_weights_of"]
 
 inline_device = cuda.jit(device=True, inline="always")  # inlined at Numba's IR level
 
@@ -75,6 +75,13 @@ def row_weights_of(lse_of, own_first=False):
     :data:`inline_device` function): :func:`_math.build_row_weights`, inlined."""
     return build_row_weights(SimpleNamespace(**device_functions()), inline_device, lse_of,
                              own_first)
+
+
+@functools.cache
+def held_weights():
+    """The float32 weights of a row whose LSEs are held in a local array, each
+    ``exp`` once: :func:`_math.build_held_weights`, inlined."""
+    return build_held_weights(SimpleNamespace(**device_functions()), inline_device)
 
 
 def _pack_bf16x2():

@@ -28,7 +28,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-__all__ = ["NEG_INF_BITS", "build_bits", "build_mask", "build_math", "build_row_weights"]
+__all__ = ["NEG_INF_BITS", "build_bits", "build_held_weights", "build_mask", "build_math",
+           "build_row_weights"]
 
 NEG_INF_BITS = 0xFF800000
 _LN2 = math.log(2.0)
@@ -143,6 +144,34 @@ def build_row_weights(math, inline_jit, lse_of, own_first=False):
             return m, inverse_total(total), total
 
     return row_weights
+
+
+def build_held_weights(math, inline_jit):
+    """Compile, with ``inline_jit``, ``held_weights(lses, weights, count, base_e) -> (m,
+    total)``: for LSEs held in ``lses[:count]`` (a local array), write every shard's
+    weight into ``weights[:count]`` and return the row's max LSE and sum, each
+    ``exp`` computed once. The same operations in the same order as
+    :func:`build_row_weights`' ``row_weights`` followed by ``math.shard_weight`` per
+    shard, so the same bits; for kernels that hold a row's LSEs in registers."""
+    clean_lse, finish_max, lse_exp = math.clean_lse, math.finish_max, math.lse_exp
+    inverse_total, zero, neg_inf = math.inverse_total, math.zero, math.neg_inf
+
+    @inline_jit
+    def held_weights(lses, weights, count, base_e):
+        m = neg_inf
+        for r in range(count):
+            m = max(m, clean_lse(lses[r]))
+        m = finish_max(m)
+        total = zero
+        for r in range(count):
+            weights[r] = lse_exp(clean_lse(lses[r]) - m, base_e)
+            total += weights[r]
+        inv_total = inverse_total(total)
+        for r in range(count):
+            weights[r] = weights[r] * inv_total
+        return m, total
+
+    return held_weights
 
 
 def build_bits(jit):

@@ -10,6 +10,13 @@ output dtype: round to nearest even, NaN kept NaN.
 The received buffer is seen twice: as values (float32, float16, the bfloat16
 bits as uint16, or pairs of bfloat16 as uint32 words) and as bits (to read
 the LSE lanes).
+
+Two kernels: for N from 2 to :data:`MAX_STATIC_SHARDS` one built for its N
+(every loop over the shards unrolled, every shard's loads issued before any
+is weighed, a row's LSEs and weights held in registers), which for fewer than
+:data:`SLICED_ROWS` rows also splits each row over the grid's second
+dimension so that each lane has :data:`SLICED_UNROLL` values to move; for any
+other N one that walks the shards two at a time. Both give the same bits.
 """
 
 import functools
@@ -21,14 +28,15 @@ from numba.core import types
 
 from ._format import LSE_HALF_BITS, LSE_HALF_MASK, is_bfloat16
 from ._arrays import dummy_index, kernel_array, stream_ptr
-from ._device import device_functions, inline_device, row_weights_of
+from ._device import device_functions, held_weights, inline_device, row_weights_of
 from ._launch import DeviceArray, SpecializedKernel, array_type
 from ._rows import UNROLL, WARP, lanes_per_row, row_cursor, row_grid
 from ._specs import check_combine_args
 from ._trailer import STATUS_WORDS, WORDS, trailer_functions
 
-__all__ = ["codec_functions", "combine_codec", "combine_kernel", "combine_launch", "lane_weights",
-           "row_accumulator", "unpack_combine"]
+__all__ = ["MAX_STATIC_SHARDS", "SLICED_ROWS", "SLICED_UNROLL", "codec_functions",
+           "combine_codec", "combine_kernel", "combine_launch", "combine_variants", "lane_weights",
+           "row_accumulator", "shard_accumulator", "static_shards", "unpack_combine"]
 
 
 _F32, _F16, _BF16, _BF16X2 = "float32", "float16", "bfloat16", "bfloat16x2"
@@ -43,7 +51,7 @@ def codec_functions(codec):
     one output word from two accumulators, and read one shard's LSE."""
     f = device_functions()
     as_float, as_bits = f["as_float"], f["as_bits"]
-    bf16_to_f32_bits, f32_to_bf16_bits = f["bf16_to_f32_bits"], f["f32_to_bf16_bits"]
+    bf16_to_f32_bits, pack_bf16x2 = f["bf16_to_f32_bits"], f["pack_bf16x2"]
     low16, high16, sixteen = np.uint32(0xFFFF), np.uint32(0xFFFF0000), np.uint32(16)
     lse_mask, lse_shift = np.uint32(LSE_HALF_MASK), np.uint32(LSE_HALF_BITS)
     jit = cuda.jit(device=True)
@@ -82,8 +90,8 @@ def codec_functions(codec):
             return as_float(uint32((uint32(x) & low16) << sixteen))
 
         @jit
-        def encode(lo, hi):
-            return uint32(f32_to_bf16_bits(as_bits(lo)) | (f32_to_bf16_bits(as_bits(hi)) << sixteen))
+        def encode(lo, hi):  # one cvt.rn.bf16x2.f32 (the sums' NaN is the canonical one)
+            return pack_bf16x2(lo, hi)
     else:
         @jit
         def load_lse(low, high, r):
@@ -105,7 +113,7 @@ def codec_functions(codec):
 
             @jit
             def encode(lo, hi):
-                return f32_to_bf16_bits(as_bits(lo))
+                return pack_bf16x2(lo, lo) & low16
 
     @jit
     def decode_hi(x):
@@ -175,6 +183,39 @@ def row_accumulator(codec, group=WARP, unroll=UNROLL):
                 dst[d] = encode(acc[k], acc[unroll + k])
 
     return load_two, add_weighted, store_row
+
+
+@functools.cache
+def shard_accumulator(codec, group=WARP, unroll=UNROLL):
+    """Device functions ``load_shard(buf, at, src, base, d_count)`` (one shard's values
+    into ``buf[at:at + unroll]``) and ``add_shard(acc, buf, at, w, base, d_count)``
+    (those values, weighted by ``w``, into the float32 accumulators; a zero weight
+    adds nothing, even NaN): :func:`row_accumulator`'s steps one shard at a time, for
+    the combine that loads every shard before it weighs any."""
+    _, _, decode_lo, decode_hi, _ = codec_functions(codec)
+    pairs = codec == _BF16X2
+    zero = device_functions()["zero"]
+    u64 = np.uint64
+    u_group = u64(group)
+    jit = cuda.jit(device=True)
+
+    @jit
+    def load_shard(buf, at, src, base, d_count):
+        for k in range(unroll):
+            d = base + u64(k) * u_group
+            if d < d_count:
+                buf[at + k] = src[d]
+
+    @jit
+    def add_shard(acc, buf, at, w, base, d_count):
+        if w != zero:
+            for k in range(unroll):
+                if base + u64(k) * u_group < d_count:
+                    acc[k] += w * decode_lo(buf[at + k])
+                    if pairs:
+                        acc[unroll + k] += w * decode_hi(buf[at + k])
+
+    return load_shard, add_shard
 
 
 @functools.cache
@@ -267,6 +308,112 @@ def _combine_kernel(codec, group=WARP, unroll=UNROLL):
     return combine
 
 
+MAX_STATIC_SHARDS = 8  # up to this N the combine is built for its N (every shard's loads first)
+
+
+def static_shards(n):
+    """The ``shards`` of the combine kernel for ``n`` ranks: ``n`` from 2 to
+    :data:`MAX_STATIC_SHARDS`, else 0 (the kernel for any N)."""
+    return int(n) if 2 <= int(n) <= MAX_STATIC_SHARDS else 0
+
+
+SLICED_UNROLL = 2  # the values per lane of the combine that splits its rows over warps
+SLICED_ROWS = 4 * 132  # below this many rows the combine splits them (MAX_BLOCKS' H200)
+
+
+@functools.cache
+def _combine_shards_kernel(codec, shards, group=WARP, unroll=UNROLL):
+    """The combine for exactly ``shards`` ranks, every loop over them unrolled: a
+    step's loads of every shard are issued before any is weighed (the pairwise loop
+    of :func:`_combine_kernel` waits for each pair's sums before it loads the next
+    pair), and a row's LSEs are read once into registers, each weight computed once
+    (``held_weights``). The same sums in the same order, so the same bits.
+
+    The grid's second dimension splits each row: block ``(x, y)`` handles the
+    values ``y * S, (y + Y) * S, ...`` (``S = group * unroll``, ``Y = gridDim.y``)
+    of its rows; only ``y = 0`` writes the global LSE and checks the trailer.
+    Few rows then still give every lane little to do (:data:`SLICED_UNROLL`)."""
+    f = device_functions()
+    accumulators = 2 * unroll
+    lse_lanes, load_lse = codec_functions(codec)[:2]
+    store_row = row_accumulator(codec, group, unroll)[2]
+    load_shard, add_shard = shard_accumulator(codec, group, unroll)
+    raw = RAW[codec]
+    weigh = held_weights()
+    global_lse, zero = f["global_lse"], f["zero"]
+    cursor = row_cursor()
+    _, _, flat_thread, check_words = trailer_functions(RAW_BITS[codec].itemsize == 2)
+
+    u64 = np.uint64
+    u_step, u_one, u_two = u64(group * unroll), u64(1), u64(2)
+    u_words, u_status = u64(WORDS), u64(STATUS_WORDS)
+    n = u64(shards)
+    loaded = shards * unroll  # every shard's values of one step
+
+    @cuda.jit
+    def combine(vals, bits, out, out_lse, write_lse, base_e, status, state):
+        hn = u64(vals.shape[2])
+        tokens = u64(out.shape[0])
+        rows = tokens * hn
+        first_slice = cuda.blockIdx.y == 0
+        signed = first_slice and u64(vals.shape[1]) > tokens  # as in _combine_kernel
+        checks = (n - u_one) * u_words if signed else u64(0)
+        t, t_step = flat_thread()
+        count = np.int64(0)
+        if signed and t == u64(0):
+            count = state[1]
+        ours = theirs = np.uint32(0)
+        if t < checks:
+            ours, theirs = check_words(bits, tokens, t)
+        width = u64(vals.shape[3])
+        d_count = u64(out.shape[2])
+        lane, row, row_step = cursor(u64(group))
+        start = lane + u64(cuda.blockIdx.y) * u_step
+        slice_step = u64(cuda.gridDim.y) * u_step
+        acc = cuda.local.array(accumulators, np.float32)
+        buf = cuda.local.array(loaded, raw)
+        lses = cuda.local.array(shards, np.float32)
+        weights = cuda.local.array(shards, np.float32)
+        while row < rows:
+            b = row // hn
+            h = row % hn
+            dst = out[b, h]
+            low, high = lse_lanes(vals, bits, b, h, width)
+            weighed = False
+            base = start
+            while base < d_count:
+                for k in range(accumulators):
+                    acc[k] = zero
+                for r in range(shards):
+                    load_shard(buf, r * unroll, vals[u64(r), b, h], base, d_count)
+                if not weighed:
+                    for r in range(shards):
+                        lses[r] = load_lse(low, high, u64(r))
+                    m, total = weigh(lses, weights, shards, base_e)
+                    if write_lse and first_slice and lane == 0:
+                        out_lse[b, h] = global_lse(total, m, base_e)
+                    weighed = True
+                for r in range(shards):
+                    add_shard(acc, buf, r * unroll, weights[r], base, d_count)
+                store_row(dst, acc, base, d_count)
+                base += slice_step
+            row += row_step
+        if signed and t == u64(0):
+            state[0] = count + 1
+        while t < checks:
+            if ours != theirs:
+                at = (t + u_words) * u_status
+                status[at + u_one] = ours
+                status[at + u_two] = theirs
+                cuda.threadfence_system()
+                status[at] = 1
+            t += t_step
+            if t < checks:
+                ours, theirs = check_words(bits, tokens, t)
+
+    return combine
+
+
 def combine_codec(dtype, pairs=False):
     """The codec (how the kernels decode and encode values) for output ``dtype``,
     and the dtype it sees values as.
@@ -287,16 +434,31 @@ def combine_codec(dtype, pairs=False):
 
 
 @functools.cache
-def combine_kernel(dtype, pairs=False, group=WARP):
-    """The combine kernel specialised for output ``dtype`` (and bfloat16 pairs) and
-    ``group`` lanes per row."""
+def combine_kernel(dtype, pairs=False, group=WARP, shards=0, unroll=UNROLL):
+    """The combine kernel specialised for output ``dtype`` (and bfloat16 pairs),
+    ``group`` lanes per row and, where ``shards`` (2 to :data:`MAX_STATIC_SHARDS`),
+    for exactly that many ranks (0: any) with ``unroll`` values per lane and step
+    (:data:`SLICED_UNROLL` for the kernel that splits rows over its grid's
+    second dimension)."""
     codec, value = combine_codec(dtype, pairs)
     bits = np.dtype(np.uint32 if value.itemsize == 4 else np.uint16)
     i64 = types.int64
     argtypes = (array_type(value, 4, True), array_type(bits, 4, True),
                 array_type(value, 3, False), array_type(np.float32, 2, False), i64, i64,
                 array_type(np.int64, 1, True), array_type(np.int64, 1, True))
-    return SpecializedKernel(_combine_kernel(codec, group), argtypes)
+    body = _combine_shards_kernel(codec, shards, group, unroll) if shards else \
+        _combine_kernel(codec, group)
+    return SpecializedKernel(body, argtypes)
+
+
+def combine_variants(dtype, pairs, elements, shards):
+    """``[(group, unroll)]`` of the combine kernels that a combine of rows of ``elements``
+    values (words where ``pairs``) can launch: one, and for ``shards`` ranks built
+    for their N also the one that splits few rows (:func:`combine_launch`)."""
+    found = [(lanes_per_row(elements), UNROLL)]
+    if shards:
+        found.append((lanes_per_row(elements, SLICED_UNROLL), SLICED_UNROLL))
+    return found
 
 
 def unpack_combine(recv, out, out_lse=None, is_lse_base_on_e=True, stream=None):
@@ -346,8 +508,16 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None
     if not write_lse:  # never read: a placeholder of the right type
         out_lse = DeviceArray(out.ptr, (0, 0), (4, 4), np.float32, out.owner)
     status, state = (dummy_index(), dummy_index()) if signed is None else signed
-    group = lanes_per_row(out.shape[2])
-    grid, block = row_grid(out.shape[0] * out.shape[1], group)
-    kernel = combine_kernel(dtype, codec == _BF16X2, group)
+    shards = static_shards(recv_vals.shape[0])
+    rows, elements = out.shape[0] * out.shape[1], out.shape[2]
+    if shards and rows < SLICED_ROWS:  # few rows: split them, little work per lane
+        group = lanes_per_row(elements, SLICED_UNROLL)
+        (blocks,), block = row_grid(rows, group)
+        grid = (blocks, -(-elements // (group * SLICED_UNROLL)))
+        kernel = combine_kernel(dtype, codec == _BF16X2, group, shards, SLICED_UNROLL)
+    else:
+        group = lanes_per_row(elements)
+        grid, block = row_grid(rows, group)
+        kernel = combine_kernel(dtype, codec == _BF16X2, group, shards)
     return kernel, grid, block, (recv_vals, recv_bits, out, out_lse, int(write_lse),
                                  int(bool(is_lse_base_on_e)), status, state)

@@ -92,6 +92,16 @@ def kernels():
             add(f"agrs finish {dtype} group {group}", agrs.finish_kernel(dtype, group))
         if dtype == as_dtype("bfloat16"):
             add(f"combine {dtype} pairs", combine.combine_kernel(dtype, True))
+        for shards in (2, 3, 8):  # the combine built for its N (every shard loaded first)
+            add(f"combine {dtype} group 32 N={shards}",
+                combine.combine_kernel(dtype, False, 32, shards))
+            add(f"combine {dtype} group 32 N={shards} sliced",
+                combine.combine_kernel(dtype, False, 32, shards, combine.SLICED_UNROLL))
+            if dtype == as_dtype("bfloat16"):
+                add(f"combine {dtype} pairs N={shards}",
+                    combine.combine_kernel(dtype, True, 32, shards))
+                add(f"combine {dtype} pairs N={shards} sliced",
+                    combine.combine_kernel(dtype, True, 32, shards, combine.SLICED_UNROLL))
     add("agrs mask", agrs.mask_kernel(32))
     for n in (2, 3):
         add(f"bare push N={n}", bare_push.bare_push_kernel(n))

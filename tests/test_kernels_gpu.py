@@ -44,7 +44,9 @@ def test_pack_bit_exact(dtype, d):
 @pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
 def test_combine_matches_reference(dtype, d, base_e):
     to_device, to_host = cupy_io()
-    check_combine(to_device, to_host, dtype, 2, 64, 8, d, np.random.default_rng(d), base_e=base_e)
+    rng = np.random.default_rng(d)
+    check_combine(to_device, to_host, dtype, 2, 64, 8, d, rng, base_e=base_e)  # rows split
+    check_combine(to_device, to_host, dtype, 4, 160, 4, d, rng, base_e=base_e)  # whole rows
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

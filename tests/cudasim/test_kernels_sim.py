@@ -323,3 +323,44 @@ def test_simulated_warp_votes(monkeypatch):
 
 def test_pack_bf16x2_rounds_as_the_integer_path():
     check_pack_bf16x2(ident, host, np.random.default_rng(16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+@pytest.mark.parametrize("d, sliced", [(10, False), (10, True), (150, True)])
+def test_combine_for_its_n_is_the_combine_for_any_n_bit_for_bit(dtype, n, d, sliced,
+                                                                monkeypatch):
+    """The combine built for exactly N ranks (every shard loaded before any is weighed),
+    whole rows per lane group or rows split over the grid (D = 150: two or three
+    slices, the last one partial), gives the bits of the one built for any N, NaN,
+    +-inf and empty shards included."""
+    from cupy_dcp.kernels import combine
+    from cupy_dcp.kernels._arrays import kernel_array
+    from cupy_dcp.reference import pack_reference
+
+    if not sliced:
+        monkeypatch.setattr(combine, "SLICED_ROWS", 0)
+    rng = np.random.default_rng(n)
+    b, hn = 3, 2
+    x = rng.standard_normal((b, n * hn, d)).astype(np.float32)
+    x[0, 0, 1], x[1, 1, 2] = np.nan, np.inf
+    lse = rng.uniform(-30, 30, (b, n * hn)).astype(np.float32)
+    lse[0, 0], lse[2, :] = np.nan, -np.inf  # a NaN LSE, and a token empty everywhere
+    recv = np.stack([pack_reference(x.astype(dtype), lse + r, n)[0] for r in range(n)])
+    bits = np.dtype(np.uint32 if np.dtype(dtype).itemsize == 4 else np.uint16)
+    _, value = combine.combine_codec(dtype)
+    outs = []
+    for shards in (combine.static_shards, lambda n: 0):  # for its N, then for any N
+        monkeypatch.setattr(combine, "static_shards", shards)
+        out = np.zeros((b, hn, d), dtype)
+        out_lse = np.zeros((b, hn), np.float32)
+        kernel, grid, block, args = combine.combine_launch(
+            dtype, kernel_array(recv, bits), kernel_array(out, value),
+            kernel_array(out_lse, np.float32), True)
+        assert (grid[1] > 1) == (d == 150) if len(grid) > 1 else not sliced or shards(n) == 0
+        kernel(grid, block, 0, args)
+        outs.append((out.view(bits).copy(), out_lse.view(np.uint32).copy()))
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+    assert np.isfinite(outs[0][1].view(np.float32)[1]).all()  # a token with every shard
+    assert np.isneginf(outs[0][1].view(np.float32)[2]).all()  # the token empty everywhere
