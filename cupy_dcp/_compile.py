@@ -2,7 +2,7 @@
 
 A plan compiles, when it is built, every kernel that its calls can launch and
 no other: the variants its dtype and head size allow (16-bit data moved as
-words where the arrays allow it, bfloat16 combined in pairs), and for the
+words where the arrays allow it, 16-bit values combined in pairs), and for the
 direct plan only the paths (word by word, in lines, in tiles) that some call
 of at most ``max_tokens`` tokens takes on the blocks that every rank can hold
 (:func:`direct_paths`).
@@ -44,8 +44,7 @@ def a2a_tasks(dtype, head_dim, world_size=0):
     tasks = [functools.partial(pack_kernel, bits, lanes_per_row(D))] + combines(False, D)
     if bits.itemsize == 2 and D % 2 == 0:  # the word-wide variants
         tasks.append(functools.partial(pack_kernel, np.dtype(np.uint32), lanes_per_row(D // 2)))
-        if is_bfloat16(dtype):
-            tasks += combines(True, D // 2)
+        tasks += combines(True, D // 2)  # bfloat16 and float16 combined in pairs
     return tasks
 
 

@@ -10,6 +10,11 @@ compiled, the integer rounding of ``f32_to_bf16_bits`` under the simulator.
 They agree bit for bit but on a NaN's payload (the instruction gives the
 canonical ``0x7FFF``): callers pass sums that the GPU computed, whose NaN is
 always the canonical float32 one, which both turn into ``0x7FFF``.
+``pack_f16x2(low, high)`` is its float16 twin (``cvt.rn.f16x2.f32``; NumPy's
+float16 rounding under the simulator, also to nearest even), and
+``f16_low(word)`` / ``f16_high(word)`` give the float32 value of a word's
+low / high float16 half (``cvt.f32.f16``, exact; the integer conversion
+``f16_to_f32_bits`` under the simulator).
 """
 
 import functools
@@ -61,11 +66,27 @@ def device_functions():
         def pack_bf16x2(low, high):
             return uint32(f32_to_bf16_bits(as_bits(low))
                           | (f32_to_bf16_bits(as_bits(high)) << sixteen))
+        f16_to_f32_bits, low16 = bits.f16_to_f32_bits, np.uint32(0xFFFF)
+
+        @jit
+        def pack_f16x2(low, high):
+            return uint32(np.float16(low).view(np.uint16)) \
+                | (uint32(np.float16(high).view(np.uint16)) << sixteen)
+
+        @jit
+        def f16_low(word):
+            return as_float(f16_to_f32_bits(uint32(word) & low16))
+
+        @jit
+        def f16_high(word):
+            return as_float(f16_to_f32_bits(uint32(word) >> sixteen))
     else:
-        pack_bf16x2 = _pack_bf16x2()
+        pack_bf16x2, pack_f16x2 = _pack_x2("bf16x2"), _pack_x2("f16x2")
+        f16_low, f16_high = _f16_half(0), _f16_half(1)
     funcs = dict(vars(math))
     funcs.update(vars(bits))
     funcs.update(as_float=as_float, as_bits=as_bits, pack_bf16x2=pack_bf16x2,
+                 pack_f16x2=pack_f16x2, f16_low=f16_low, f16_high=f16_high,
                  row_is_empty=build_mask(jit))
     return funcs
 
@@ -84,21 +105,45 @@ def held_weights():
     return build_held_weights(SimpleNamespace(**device_functions()), inline_device)
 
 
-def _pack_bf16x2():
+def _pack_x2(kind):
+    """The intrinsic that rounds two float32 values into one uint32 of two ``kind``
+    (``bf16x2`` or ``f16x2``) halves, the first argument in the low half."""
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
 
     f32, i32 = ir.FloatType(), ir.IntType(32)
 
-    @intrinsic
-    def pack_bf16x2(typingctx, low, high):
+    def pack(typingctx, low, high):
         def codegen(context, builder, sig, args):
             low, high = (context.cast(builder, a, t, types.float32)
                          for a, t in zip(args, sig.args))
             asm = ir.InlineAsm(ir.FunctionType(i32, [f32, f32]),
-                               "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
+                               f"cvt.rn.{kind}.f32 $0, $1, $2;", "=r,f,f")
             return builder.call(asm, [high, low])  # the first operand: the high half
 
         return types.uint32(low, high), codegen
 
-    return pack_bf16x2
+    pack.__name__ = pack.__qualname__ = f"pack_{kind.replace('x2', '')}x2"
+    return intrinsic(pack)
+
+
+def _f16_half(half):
+    """The intrinsic that gives the float32 value of the float16 in the low (``half``
+    0) or high (1) half of a uint32 word."""
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    f32, i32 = ir.FloatType(), ir.IntType(32)
+
+    def unpack(typingctx, word):
+        def codegen(context, builder, sig, args):
+            word = context.cast(builder, args[0], sig.args[0], types.uint32)
+            asm = ir.InlineAsm(ir.FunctionType(f32, [i32]),
+                               "{.reg .b16 l, h; mov.b32 {l, h}, $1; "
+                               f"cvt.f32.f16 $0, {'lh'[half]};}}", "=f,r")
+            return builder.call(asm, [word])
+
+        return types.float32(word), codegen
+
+    unpack.__name__ = unpack.__qualname__ = ("f16_low", "f16_high")[half]
+    return intrinsic(unpack)

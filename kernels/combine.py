@@ -8,7 +8,7 @@ skipped, so its NaN or inf never reaches the sum) and rounds them once to the
 output dtype: round to nearest even, NaN kept NaN.
 
 The received buffer is seen twice: as values (float32, float16, the bfloat16
-bits as uint16, or pairs of bfloat16 as uint32 words) and as bits (to read
+bits as uint16, or pairs of 16-bit values as uint32 words) and as bits (to read
 the LSE lanes).
 
 Two kernels: for N from 2 to :data:`MAX_STATIC_SHARDS` one built for its N
@@ -40,7 +40,10 @@ __all__ = ["MAX_STATIC_SHARDS", "SLICED_ROWS", "SLICED_UNROLL", "codec_functions
 
 
 _F32, _F16, _BF16, _BF16X2 = "float32", "float16", "bfloat16", "bfloat16x2"
-RAW = {_F32: np.float32, _F16: np.float16, _BF16: np.uint16, _BF16X2: np.uint32}  # as loaded
+_F16X2 = "float16x2"
+RAW = {_F32: np.float32, _F16: np.float16, _BF16: np.uint16, _BF16X2: np.uint32,
+       _F16X2: np.uint32}  # as loaded
+PAIRS = (_BF16X2, _F16X2)  # codecs whose uint32 words hold two values
 RAW_BITS = {codec: np.dtype(np.uint32 if np.dtype(raw).itemsize == 4 else np.uint16)
             for codec, raw in RAW.items()}  # the buffer seen as bits
 
@@ -52,13 +55,14 @@ def codec_functions(codec):
     f = device_functions()
     as_float, as_bits = f["as_float"], f["as_bits"]
     bf16_to_f32_bits, pack_bf16x2 = f["bf16_to_f32_bits"], f["pack_bf16x2"]
+    pack_f16x2, f16_low, f16_high = f["pack_f16x2"], f["f16_low"], f["f16_high"]
     low16, high16, sixteen = np.uint32(0xFFFF), np.uint32(0xFFFF0000), np.uint32(16)
     lse_mask, lse_shift = np.uint32(LSE_HALF_MASK), np.uint32(LSE_HALF_BITS)
     jit = cuda.jit(device=True)
 
     # ``lse_lanes(vals, bits, b, h, width)`` gives the row's LSE lanes as views over the
     # ranks (the low and high half for 16-bit outputs); ``load_lse(low, high, r)`` reads one.
-    if codec in (_F32, _BF16X2):
+    if codec in (_F32,) + PAIRS:
         @jit
         def lse_lanes(vals, bits, b, h, width):
             lanes = vals[:, b, h, width - 1]
@@ -92,6 +96,22 @@ def codec_functions(codec):
         @jit
         def encode(lo, hi):  # one cvt.rn.bf16x2.f32 (the sums' NaN is the canonical one)
             return pack_bf16x2(lo, hi)
+    elif codec == _F16X2:  # one uint32 word: two float16 values, or the LSE's bits
+        @jit
+        def load_lse(low, high, r):
+            return as_float(uint32(low[r]))
+
+        @jit
+        def decode_lo(x):
+            return f16_low(x)
+
+        @jit
+        def decode_hi(x):
+            return f16_high(x)
+
+        @jit
+        def encode(lo, hi):  # one cvt.rn.f16x2.f32, as the float16 stores round
+            return pack_f16x2(lo, hi)
     else:
         @jit
         def load_lse(low, high, r):
@@ -115,9 +135,10 @@ def codec_functions(codec):
             def encode(lo, hi):
                 return pack_bf16x2(lo, lo) & low16
 
-    @jit
-    def decode_hi(x):
-        return as_float(uint32(uint32(x) & high16))
+    if codec != _F16X2:
+        @jit
+        def decode_hi(x):
+            return as_float(uint32(uint32(x) & high16))
 
     return lse_lanes, load_lse, decode_lo, decode_hi, encode
 
@@ -148,7 +169,7 @@ def row_accumulator(codec, group=WARP, unroll=UNROLL):
     elements from ``base`` in steps of ``group``. Shared by the combine kernels.
     """
     _, _, decode_lo, decode_hi, encode = codec_functions(codec)
-    pairs = codec == _BF16X2  # each element is a word of two values
+    pairs = codec in PAIRS  # each element is a word of two values
     zero = device_functions()["zero"]
     u64 = np.uint64
     u_group = u64(group)
@@ -193,7 +214,7 @@ def shard_accumulator(codec, group=WARP, unroll=UNROLL):
     adds nothing, even NaN): :func:`row_accumulator`'s steps one shard at a time, for
     the combine that loads every shard before it weighs any."""
     _, _, decode_lo, decode_hi, _ = codec_functions(codec)
-    pairs = codec == _BF16X2
+    pairs = codec in PAIRS
     zero = device_functions()["zero"]
     u64 = np.uint64
     u_group = u64(group)
@@ -418,14 +439,14 @@ def combine_codec(dtype, pairs=False):
     """The codec (how the kernels decode and encode values) for output ``dtype``,
     and the dtype it sees values as.
 
-    ``pairs``: bfloat16 read and written as uint32 words of two values (when
-    ``D`` is even and the output's rows are contiguous and 4-byte aligned).
+    ``pairs``: bfloat16 or float16 read and written as uint32 words of two values
+    (when ``D`` is even and the output's rows are contiguous and 4-byte aligned).
     """
     dtype = np.dtype(dtype)
     if dtype == np.float32:
         return _F32, dtype
     if dtype == np.float16:
-        return _F16, dtype
+        return (_F16X2, np.dtype(np.uint32)) if pairs else (_F16, dtype)
     if not is_bfloat16(dtype):
         raise TypeError(f"output dtype must be float16, bfloat16 or float32 (got {dtype})")
     if pairs:
@@ -435,7 +456,7 @@ def combine_codec(dtype, pairs=False):
 
 @functools.cache
 def combine_kernel(dtype, pairs=False, group=WARP, shards=0, unroll=UNROLL):
-    """The combine kernel specialised for output ``dtype`` (and bfloat16 pairs),
+    """The combine kernel specialised for output ``dtype`` (and 16-bit pairs),
     ``group`` lanes per row and, where ``shards`` (2 to :data:`MAX_STATIC_SHARDS`),
     for exactly that many ranks (0: any) with ``unroll`` values per lane and step
     (:data:`SLICED_UNROLL` for the kernel that splits rows over its grid's
@@ -489,7 +510,7 @@ def unpack_combine(recv, out, out_lse=None, is_lse_base_on_e=True, stream=None):
 def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None):
     """``(kernel, grid, block, args)`` of one combine, for ``recv_bits`` (the receive
     buffer seen as bits), ``out`` (seen as the codec's values) and optional
-    ``out_lse``; bfloat16 goes in pairs (uint32 words) where both buffers allow it.
+    ``out_lse``; 16-bit values go in pairs (uint32 words) where both buffers allow it.
 
     ``signed``: a plan's ``(status, state)``, int64 device arrays: ``recv_bits``
     then holds ``B + k`` token rows per chunk (``B = out.shape[0]``), the
@@ -500,10 +521,11 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None
     codec, value = combine_codec(dtype)
     recv_bits.require_c_contiguous("recv")
     recv_vals = recv_bits.view(value)
-    if codec == _BF16:
+    if codec in (_BF16, _F16):
         recv_words, out_words = recv_bits.as_words(), out.as_words()
         if recv_words is not None and out_words is not None:
-            codec, recv_vals, recv_bits, out = _BF16X2, recv_words, recv_words, out_words
+            codec, recv_vals, recv_bits, out = combine_codec(dtype, True)[0], recv_words, \
+                recv_words, out_words
     write_lse = out_lse is not None
     if not write_lse:  # never read: a placeholder of the right type
         out_lse = DeviceArray(out.ptr, (0, 0), (4, 4), np.float32, out.owner)
@@ -514,10 +536,10 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None
         group = lanes_per_row(elements, SLICED_UNROLL)
         (blocks,), block = row_grid(rows, group)
         grid = (blocks, -(-elements // (group * SLICED_UNROLL)))
-        kernel = combine_kernel(dtype, codec == _BF16X2, group, shards, SLICED_UNROLL)
+        kernel = combine_kernel(dtype, codec in PAIRS, group, shards, SLICED_UNROLL)
     else:
         group = lanes_per_row(elements)
         grid, block = row_grid(rows, group)
-        kernel = combine_kernel(dtype, codec == _BF16X2, group, shards)
+        kernel = combine_kernel(dtype, codec in PAIRS, group, shards)
     return kernel, grid, block, (recv_vals, recv_bits, out, out_lse, int(write_lse),
                                  int(bool(is_lse_base_on_e)), status, state)

@@ -90,14 +90,14 @@ def kernels():
             add(f"combine {dtype} group {group}", combine.combine_kernel(dtype, False, group))
             add(f"agrs correct {dtype} group {group}", agrs.correct_kernel(dtype, group))
             add(f"agrs finish {dtype} group {group}", agrs.finish_kernel(dtype, group))
-        if dtype == as_dtype("bfloat16"):
+        if dtype.itemsize == 2:  # 16-bit values combined in pairs
             add(f"combine {dtype} pairs", combine.combine_kernel(dtype, True))
         for shards in (2, 3, 8):  # the combine built for its N (every shard loaded first)
             add(f"combine {dtype} group 32 N={shards}",
                 combine.combine_kernel(dtype, False, 32, shards))
             add(f"combine {dtype} group 32 N={shards} sliced",
                 combine.combine_kernel(dtype, False, 32, shards, combine.SLICED_UNROLL))
-            if dtype == as_dtype("bfloat16"):
+            if dtype.itemsize == 2:
                 add(f"combine {dtype} pairs N={shards}",
                     combine.combine_kernel(dtype, True, 32, shards))
                 add(f"combine {dtype} pairs N={shards} sliced",

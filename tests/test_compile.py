@@ -65,9 +65,13 @@ def test_unknown_blocks_count_every_reachable_path():
 
 def test_a2a_variants():
     assert len(a2a_tasks(BF16, 512)) == 4  # pack by 16 bits and by words, combine plain and pairs
-    assert len(a2a_tasks(np.dtype(np.float16), 512)) == 3
+    assert len(a2a_tasks(np.dtype(np.float16), 512)) == 4  # float16 in pairs too
     assert len(a2a_tasks(np.dtype(np.float16), 511)) == 2  # an odd D: no words
     assert len(a2a_tasks(np.dtype(np.float32), 512)) == 2
+    # N from 2 to 8: each combine for its N, on whole rows and on rows split over the grid
+    assert len(a2a_tasks(BF16, 512, 2)) == 6
+    assert len(a2a_tasks(np.dtype(np.float32), 512, 8)) == 3
+    assert len(a2a_tasks(BF16, 512, 9)) == 4  # past 8: the combine for any N
 
 
 CALL_KERNELS = """

@@ -364,3 +364,37 @@ def test_combine_for_its_n_is_the_combine_for_any_n_bit_for_bit(dtype, n, d, sli
     np.testing.assert_array_equal(outs[0][1], outs[1][1])
     assert np.isfinite(outs[0][1].view(np.float32)[1]).all()  # a token with every shard
     assert np.isneginf(outs[0][1].view(np.float32)[2]).all()  # the token empty everywhere
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if np.dtype(d).itemsize == 2], ids=str)
+@pytest.mark.parametrize("n", [2, 3, 9])
+def test_combine_in_word_pairs_gives_the_bits_of_the_combine_by_value(dtype, n):
+    """16-bit outputs combine two values a word where the rows allow it: the same bits
+    as value by value (an output that starts 2 bytes into its buffer), NaN, +-inf and
+    a token empty everywhere included."""
+    from cupy_dcp.kernels import combine
+    from cupy_dcp.kernels._arrays import kernel_array
+    from cupy_dcp.reference import pack_reference
+
+    rng = np.random.default_rng(40 + n)
+    b, hn, d = 3, 2, 12
+    x = (rng.standard_normal((b, n * hn, d)) * 300).astype(np.float32)
+    x[0, 0, 1], x[1, 1, 2], x[2, 0, 3] = np.nan, np.inf, -np.inf
+    lse = rng.uniform(-20, 20, (b, n * hn)).astype(np.float32)
+    lse[1, :] = -np.inf
+    recv = np.stack([pack_reference(x.astype(dtype), lse + r, n)[0] for r in range(n)])
+    bits = np.dtype(np.uint16)
+    _, value = combine.combine_codec(dtype)
+    outs = []
+    for offset in (0, 1):  # word-aligned rows (pairs), then rows 2 bytes off (values)
+        store = np.zeros(b * hn * d + 1, dtype)
+        out = store[offset:offset + b * hn * d].reshape(b, hn, d)
+        kernel, grid, block, args = combine.combine_launch(
+            dtype, kernel_array(recv, bits), kernel_array(out, value),
+            kernel_array(np.zeros((b, hn), np.float32), np.float32), True)
+        assert (args[0].dtype == np.uint32) == (offset == 0)
+        kernel(grid, block, 0, args)
+        outs.append(out.view(bits).copy())
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert (outs[0].view(dtype)[1] == 0).all()  # the token empty everywhere
+    assert np.isfinite(outs[0].view(dtype)[2, 1]).all()  # a row without NaN or inf
