@@ -19,7 +19,7 @@ import numpy as np
 from numba import cuda
 
 __all__ = ["CALL", "DTYPE_CODES", "FIELDS", "MAGIC", "STATUS_WORDS", "TOKENS", "TRAILER_BYTES",
-           "WORDS", "trailer_functions", "trailer_rows"]
+           "WORDS", "combine_checks", "trailer_functions", "trailer_rows"]
 
 FIELDS = ("the signature", "tokens", "num_heads", "head_dim", "dtype", "is_lse_base_on_e",
           "strategy", "call_number")
@@ -101,3 +101,48 @@ def trailer_functions(half):
                                                              tokens, f)
 
     return put_word, get_word, flat_thread, check_words
+
+
+@functools.cache
+def combine_checks(half):
+    """The combine kernels' trailer check, around their rows: ``begin_checks(chunks,
+    state, tokens, signed, checks) -> (t, t_step, count, ours, theirs)`` (thread
+    ``t`` of the grid-stride cursor loads its first two words, and thread 0 the
+    call counter ``state[1]`` where ``signed``, before any row) and
+    ``finish_checks(chunks, status, state, tokens, signed, checks, t, t_step, count,
+    ours, theirs)`` (after the rows: thread 0 sets ``state[0] = count + 1``; each
+    of the ``checks`` words that differs is marked in ``status``, its words before
+    its flag)."""
+    _, _, flat_thread, check_words = trailer_functions(half)
+    u64 = np.uint64
+    u_one, u_two, u_words, u_status = u64(1), u64(2), u64(WORDS), u64(STATUS_WORDS)
+    jit = cuda.jit(device=True)
+
+    @jit
+    def begin_checks(chunks, state, tokens, signed, checks):
+        t, t_step = flat_thread()
+        count = np.int64(0)
+        if signed and t == u64(0):
+            count = state[1]
+        ours = theirs = np.uint32(0)
+        if t < checks:
+            ours, theirs = check_words(chunks, tokens, t)
+        return t, t_step, count, ours, theirs
+
+    @jit
+    def finish_checks(chunks, status, state, tokens, signed, checks, t, t_step, count, ours,
+                      theirs):
+        if signed and t == u64(0):
+            state[0] = count + 1  # the next call's number (see pack_launch)
+        while t < checks:
+            if ours != theirs:
+                at = (t + u_words) * u_status  # (peer p, field f): t + WORDS = p * WORDS + f
+                status[at + u_one] = ours
+                status[at + u_two] = theirs
+                cuda.threadfence_system()  # the words before the flag, for the host
+                status[at] = 1
+            t += t_step
+            if t < checks:
+                ours, theirs = check_words(chunks, tokens, t)
+
+    return begin_checks, finish_checks

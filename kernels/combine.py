@@ -32,7 +32,7 @@ from ._device import device_functions, held_weights, inline_device, row_weights_
 from ._launch import DeviceArray, SpecializedKernel, array_type
 from ._rows import UNROLL, WARP, lanes_per_row, row_cursor, row_grid
 from ._specs import check_combine_args
-from ._trailer import STATUS_WORDS, WORDS, trailer_functions
+from ._trailer import WORDS, combine_checks
 
 __all__ = ["MAX_STATIC_SHARDS", "SLICED_ROWS", "SLICED_UNROLL", "codec_functions",
            "combine_codec", "combine_kernel", "combine_launch", "combine_variants", "lane_weights",
@@ -251,11 +251,11 @@ def _combine_kernel(codec, group=WARP, unroll=UNROLL):
     step = group * unroll
     cursor = row_cursor()
 
-    _, _, flat_thread, check_words = trailer_functions(RAW_BITS[codec].itemsize == 2)
+    begin_checks, finish_checks = combine_checks(RAW_BITS[codec].itemsize == 2)
 
     u64 = np.uint64
     u_group, u_step, u_one, u_two = u64(group), u64(step), u64(1), u64(2)
-    u_words, u_status = u64(WORDS), u64(STATUS_WORDS)
+    u_words = u64(WORDS)
 
     # Indices are unsigned so that Numba emits no negative-index wraparound.
     @cuda.jit
@@ -269,13 +269,7 @@ def _combine_kernel(codec, group=WARP, unroll=UNROLL):
         # that no row waits on those loads.
         signed = u64(vals.shape[1]) > tokens
         checks = (n - u_one) * u_words if signed else u64(0)
-        t, t_step = flat_thread()
-        count = np.int64(0)
-        if signed and t == u64(0):
-            count = state[1]
-        ours = theirs = np.uint32(0)
-        if t < checks:
-            ours, theirs = check_words(bits, tokens, t)
+        t, t_step, count, ours, theirs = begin_checks(bits, state, tokens, signed, checks)
         width = u64(vals.shape[3])
         d_count = u64(out.shape[2])
         lane, row, row_step = cursor(u_group)
@@ -313,18 +307,8 @@ def _combine_kernel(codec, group=WARP, unroll=UNROLL):
                 store_row(dst, acc, base, d_count)
                 base += u_step
             row += row_step
-        if signed and t == u64(0):
-            state[0] = count + 1  # the next call's number (see pack_launch)
-        while t < checks:
-            if ours != theirs:
-                at = (t + u_words) * u_status  # (peer p, field f): t + WORDS = p * WORDS + f
-                status[at + u_one] = ours
-                status[at + u_two] = theirs
-                cuda.threadfence_system()  # the words before the flag, for the host
-                status[at] = 1
-            t += t_step
-            if t < checks:
-                ours, theirs = check_words(bits, tokens, t)
+        finish_checks(bits, status, state, tokens, signed, checks, t, t_step, count, ours,
+                      theirs)
 
     return combine
 
@@ -363,11 +347,11 @@ def _combine_shards_kernel(codec, shards, group=WARP, unroll=UNROLL):
     weigh = held_weights()
     global_lse, zero = f["global_lse"], f["zero"]
     cursor = row_cursor()
-    _, _, flat_thread, check_words = trailer_functions(RAW_BITS[codec].itemsize == 2)
+    begin_checks, finish_checks = combine_checks(RAW_BITS[codec].itemsize == 2)
 
     u64 = np.uint64
-    u_step, u_one, u_two = u64(group * unroll), u64(1), u64(2)
-    u_words, u_status = u64(WORDS), u64(STATUS_WORDS)
+    u_step, u_one = u64(group * unroll), u64(1)
+    u_words = u64(WORDS)
     n = u64(shards)
     loaded = shards * unroll  # every shard's values of one step
 
@@ -379,13 +363,7 @@ def _combine_shards_kernel(codec, shards, group=WARP, unroll=UNROLL):
         first_slice = cuda.blockIdx.y == 0
         signed = first_slice and u64(vals.shape[1]) > tokens  # as in _combine_kernel
         checks = (n - u_one) * u_words if signed else u64(0)
-        t, t_step = flat_thread()
-        count = np.int64(0)
-        if signed and t == u64(0):
-            count = state[1]
-        ours = theirs = np.uint32(0)
-        if t < checks:
-            ours, theirs = check_words(bits, tokens, t)
+        t, t_step, count, ours, theirs = begin_checks(bits, state, tokens, signed, checks)
         width = u64(vals.shape[3])
         d_count = u64(out.shape[2])
         lane, row, row_step = cursor(u64(group))
@@ -419,18 +397,8 @@ def _combine_shards_kernel(codec, shards, group=WARP, unroll=UNROLL):
                 store_row(dst, acc, base, d_count)
                 base += slice_step
             row += row_step
-        if signed and t == u64(0):
-            state[0] = count + 1
-        while t < checks:
-            if ours != theirs:
-                at = (t + u_words) * u_status
-                status[at + u_one] = ours
-                status[at + u_two] = theirs
-                cuda.threadfence_system()
-                status[at] = 1
-            t += t_step
-            if t < checks:
-                ours, theirs = check_words(bits, tokens, t)
+        finish_checks(bits, status, state, tokens, signed, checks, t, t_step, count, ours,
+                      theirs)
 
     return combine
 
