@@ -84,34 +84,31 @@ def codec_functions(codec):
         @jit
         def encode(lo, hi):
             return lo
-    elif codec == _BF16X2:  # one uint32 word: two bfloat16 values, or the LSE's bits
+    elif codec in PAIRS:  # one uint32 word: two 16-bit values, or the LSE's bits
         @jit
         def load_lse(low, high, r):
             return as_float(uint32(low[r]))
 
-        @jit
-        def decode_lo(x):
-            return as_float(uint32((uint32(x) & low16) << sixteen))
+        if codec == _BF16X2:
+            @jit
+            def decode_lo(x):
+                return as_float(uint32((uint32(x) & low16) << sixteen))
 
-        @jit
-        def encode(lo, hi):  # one cvt.rn.bf16x2.f32 (the sums' NaN is the canonical one)
-            return pack_bf16x2(lo, hi)
-    elif codec == _F16X2:  # one uint32 word: two float16 values, or the LSE's bits
-        @jit
-        def load_lse(low, high, r):
-            return as_float(uint32(low[r]))
+            @jit
+            def encode(lo, hi):  # one cvt.rn.bf16x2.f32 (the sums' NaN is the canonical one)
+                return pack_bf16x2(lo, hi)
+        else:
+            @jit
+            def decode_lo(x):
+                return f16_low(x)
 
-        @jit
-        def decode_lo(x):
-            return f16_low(x)
+            @jit
+            def decode_hi(x):
+                return f16_high(x)
 
-        @jit
-        def decode_hi(x):
-            return f16_high(x)
-
-        @jit
-        def encode(lo, hi):  # one cvt.rn.f16x2.f32, as the float16 stores round
-            return pack_f16x2(lo, hi)
+            @jit
+            def encode(lo, hi):  # one cvt.rn.f16x2.f32, as the float16 stores round
+                return pack_f16x2(lo, hi)
     else:
         @jit
         def load_lse(low, high, r):
