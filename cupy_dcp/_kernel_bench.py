@@ -196,6 +196,12 @@ def _case_kernels(cupy, case):
     ]
 
 
+def floor_blocks(grid):
+    """The 1-D grid of the floor kernels set beside a kernel launched on ``grid``: as
+    many blocks, along x."""
+    return (int(np.prod(grid)),)
+
+
 def _case_rows(cupy, stream, args, case, device_copy_gbs, first=False):
     """The rows of ``case``: each kernel, then the empty and the copy kernel in its grid
     and block over buffers of its bytes, timed alike (:func:`_graph_us`)."""
@@ -204,15 +210,19 @@ def _case_rows(cupy, stream, args, case, device_copy_gbs, first=False):
     for name, (kernel, grid, block, kargs), nread, nwritten in _case_kernels(cupy, case):
         if name not in args.only:
             continue
-        def timed(k, a):
+        def timed(k, a, grid=grid):
             return _graph_us(cupy, stream, lambda: k(grid, block, stream.ptr, a),
                              args.calls, args.reps)
+
+        # the floors index blocks along x only: a kernel's 2-D grid (rows split over y)
+        # is the same blocks along x, so that the copy moves its bytes once
+        floor_grid = floor_blocks(grid)
 
         src = cupy.zeros(quad_words(nread), dtype=cupy.uint32)
         dst = cupy.empty(quad_words(nwritten), dtype=cupy.uint32)
         floor_args = (kernel_array(src, np.uint32), kernel_array(dst, np.uint32))
-        us, empty_us, copy_us = timed(kernel, kargs), timed(empty, floor_args), \
-            timed(copier, floor_args)
+        us, empty_us, copy_us = timed(kernel, kargs), timed(empty, floor_args, floor_grid), \
+            timed(copier, floor_args, floor_grid)
         host_us = None
         if name == "pack":  # its host cost per launch, and each launcher's in the first case
             host_us = _host_launch_us(lambda: kernel(grid, block, stream.ptr, kargs), stream)
