@@ -39,7 +39,7 @@ def a2a_tasks(dtype, head_dim, world_size=0):
 
     def combines(pairs, elements):
         return [functools.partial(combine_kernel, dtype, pairs, group, shards, unroll)
-                for group, unroll in combine_variants(dtype, pairs, elements, shards)]
+                for group, unroll in combine_variants(elements, shards)]
 
     tasks = [functools.partial(pack_kernel, bits, lanes_per_row(D))] + combines(False, D)
     if bits.itemsize == 2 and D % 2 == 0:  # the word-wide variants

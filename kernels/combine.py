@@ -437,14 +437,23 @@ def combine_kernel(dtype, pairs=False, group=WARP, shards=0, unroll=UNROLL):
     return SpecializedKernel(body, argtypes)
 
 
-def combine_variants(dtype, pairs, elements, shards):
+def _combine_shape(elements, rows, shards):
+    """``(group, unroll, slices)`` of the combine of ``rows`` rows of ``elements`` values
+    (words in pairs) by the kernel for ``shards`` (:func:`static_shards`): whole rows
+    (``slices`` 0, a 1-D grid), or for few rows each split into ``slices`` along the
+    grid's second dimension."""
+    if shards and rows < SLICED_ROWS:  # few rows: split them, little work per lane
+        group = lanes_per_row(elements, SLICED_UNROLL)
+        return group, SLICED_UNROLL, -(-elements // (group * SLICED_UNROLL))
+    return lanes_per_row(elements), UNROLL, 0
+
+
+def combine_variants(elements, shards):
     """``[(group, unroll)]`` of the combine kernels that a combine of rows of ``elements``
-    values (words where ``pairs``) can launch: one, and for ``shards`` ranks built
-    for their N also the one that splits few rows (:func:`combine_launch`)."""
-    found = [(lanes_per_row(elements), UNROLL)]
-    if shards:
-        found.append((lanes_per_row(elements, SLICED_UNROLL), SLICED_UNROLL))
-    return found
+    values (words in pairs) can launch (:func:`combine_launch`): whole rows, and for
+    ``shards`` ranks built for their N also few rows split."""
+    whole = _combine_shape(elements, SLICED_ROWS, shards)[:2]
+    return [whole, _combine_shape(elements, 0, shards)[:2]] if shards else [whole]
 
 
 def unpack_combine(recv, out, out_lse=None, is_lse_base_on_e=True, stream=None):
@@ -496,15 +505,11 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None
         out_lse = DeviceArray(out.ptr, (0, 0), (4, 4), np.float32, out.owner)
     status, state = (dummy_index(), dummy_index()) if signed is None else signed
     shards = static_shards(recv_vals.shape[0])
-    rows, elements = out.shape[0] * out.shape[1], out.shape[2]
-    if shards and rows < SLICED_ROWS:  # few rows: split them, little work per lane
-        group = lanes_per_row(elements, SLICED_UNROLL)
-        (blocks,), block = row_grid(rows, group)
-        grid = (blocks, -(-elements // (group * SLICED_UNROLL)))
-        kernel = combine_kernel(dtype, codec in PAIRS, group, shards, SLICED_UNROLL)
-    else:
-        group = lanes_per_row(elements)
-        grid, block = row_grid(rows, group)
-        kernel = combine_kernel(dtype, codec in PAIRS, group, shards)
+    rows = out.shape[0] * out.shape[1]
+    group, unroll, slices = _combine_shape(out.shape[2], rows, shards)
+    grid, block = row_grid(rows, group)
+    if slices:
+        grid = grid + (slices,)
+    kernel = combine_kernel(dtype, codec in PAIRS, group, shards, unroll)
     return kernel, grid, block, (recv_vals, recv_bits, out, out_lse, int(write_lse),
                                  int(bool(is_lse_base_on_e)), status, state)

@@ -398,3 +398,25 @@ def test_combine_in_word_pairs_gives_the_bits_of_the_combine_by_value(dtype, n):
     np.testing.assert_array_equal(outs[0], outs[1])
     assert (outs[0].view(dtype)[1] == 0).all()  # the token empty everywhere
     assert np.isfinite(outs[0].view(dtype)[2, 1]).all()  # a row without NaN or inf
+
+
+def test_every_combine_a_launch_picks_is_one_the_plan_built():
+    """An a2a plan warms up its combines (``_compile.a2a_tasks``); every combine that
+    ``combine_launch`` picks then is one of those very kernels, whole rows or split,
+    for its N or for any N: none is built again at the first call."""
+    from cupy_dcp._compile import a2a_tasks
+    from cupy_dcp.kernels import combine
+    from cupy_dcp.kernels._arrays import kernel_array
+    from cupy_dcp.layout import lse_pack_dim
+
+    for dtype in DTYPES:
+        bits = np.uint32 if np.dtype(dtype).itemsize == 4 else np.uint16
+        for n in (2, 8, 9):
+            for b, d in ((1, 512), (64, 512), (3, 72), (600, 72)):
+                built = {id(task()) for task in a2a_tasks(dtype, d, n)}
+                recv = np.zeros((n, b, 4, d + lse_pack_dim(dtype)), bits)
+                out = np.zeros((b, 4, d), dtype)
+                kernel, grid, _, _ = combine.combine_launch(
+                    dtype, kernel_array(recv, bits),
+                    kernel_array(out, combine.combine_codec(dtype)[1]), None, True)
+                assert id(kernel) in built, (dtype, n, b, d, grid)
