@@ -1,10 +1,12 @@
 """What a plan compiles, and how the ranks of a node share a cold compile.
 
 A plan compiles, when it is built, every kernel that its calls can launch and
-no other: the variants its dtype and head size allow (16-bit data moved as
-words where the arrays allow it, 16-bit values combined in pairs), and for the
-direct plan only the paths (word by word, in lines, in tiles) that some call
-of at most ``max_tokens`` tokens takes on the blocks that every rank can hold
+no other: one variant of each kernel, the one its dtype and head size allow
+(16-bit data of an even head size moved as words, and combined in pairs; a
+plan stages arrays that cannot be seen as words, so it never launches the
+kernels that move 16 bits at a time there), and for the direct plan only the
+paths (word by word, in lines, in tiles) that some call of at most
+``max_tokens`` tokens takes on the blocks that every rank can hold
 (:func:`direct_paths`).
 
 The kernels are listed as *tasks* (functions of no argument that build one
@@ -41,11 +43,10 @@ def a2a_tasks(dtype, head_dim, world_size=0):
         return [functools.partial(combine_kernel, dtype, pairs, group, shards, unroll)
                 for group, unroll in combine_variants(elements, shards)]
 
-    tasks = [functools.partial(pack_kernel, bits, lanes_per_row(D))] + combines(False, D)
-    if bits.itemsize == 2 and D % 2 == 0:  # the word-wide variants
-        tasks.append(functools.partial(pack_kernel, np.dtype(np.uint32), lanes_per_row(D // 2)))
-        tasks += combines(True, D // 2)  # bfloat16 and float16 combined in pairs
-    return tasks
+    if bits.itemsize == 2 and D % 2 == 0:  # words, and bfloat16 and float16 in pairs
+        return ([functools.partial(pack_kernel, np.dtype(np.uint32), lanes_per_row(D // 2))]
+                + combines(True, D // 2))
+    return [functools.partial(pack_kernel, bits, lanes_per_row(D))] + combines(False, D)
 
 
 def agrs_tasks(dtype, num_heads, head_dim):
@@ -59,21 +60,20 @@ def agrs_tasks(dtype, num_heads, head_dim):
 
 
 def direct_tasks(dtype, n, bits, head_dim, dependent, path):
-    """The direct kernels of one ``path`` (one of :data:`PATHS`), one task each: those
-    of ``call_kernels`` (which builds them all at once), in its order."""
+    """The direct kernel of one ``path`` (one of :data:`PATHS`) that a plan launches, as
+    a one-task list: the last of ``call_kernels`` (which lists every variant that
+    ``direct_launch`` may pick for a call's arrays; a plan's allow words where
+    16-bit data of an even head size can be)."""
     from .kernels.direct import Protocol, direct_kernel
 
     dtype, bits, D = np.dtype(dtype), np.dtype(bits), int(head_dim)
-    words = np.dtype(np.uint32)
-    options = dict(protocol=Protocol(path))
-    variants = [(bits, False, lanes_per_row(D), lanes_per_row(D))]
+    push_bits, pairs, push_group, group = bits, False, lanes_per_row(D), lanes_per_row(D)
     if bits.itemsize == 2 and D % 2 == 0:  # 16-bit data as words, and bfloat16 in pairs
-        variants.append((words, False, lanes_per_row(D // 2), lanes_per_row(D)))
-        if is_bfloat16(dtype):
-            variants.append((words, True, lanes_per_row(D // 2), lanes_per_row(D // 2)))
+        push_bits, pairs, push_group = np.dtype(np.uint32), is_bfloat16(dtype), \
+            lanes_per_row(D // 2)
+        group = lanes_per_row(D // 2) if pairs else lanes_per_row(D)
     return [functools.partial(direct_kernel, dtype, n, push_bits, pairs, push_group, group,
-                              bool(dependent), **options)
-            for push_bits, pairs, push_group, group in variants]
+                              bool(dependent), protocol=Protocol(path))]
 
 
 def direct_paths(n, max_tokens, local_heads, width, itemsize, max_blocks, ll_max_blocks,
@@ -111,10 +111,9 @@ def direct_paths(n, max_tokens, local_heads, width, itemsize, max_blocks, ll_max
 def direct_residency(comm, dtype, bits, head_dim, max_tokens, local_heads, dependent,
                      protocols, sharing):
     """Collective: build the direct kernels that the plan's calls can take and return
-    the blocks of each path's kernels that fit at once (the fewest among a path's
-    variants), in :data:`PATHS` order; a path that no call takes gets the most of
-    the others (it bounds nothing). ``protocols``: the plan's (agreed by every
-    rank); ``sharing``: the ranks on this rank's GPU."""
+    the blocks of each path's kernel that fit at once, in :data:`PATHS` order; a path
+    that no call takes gets the most of the others (it bounds nothing). ``protocols``:
+    the plan's (agreed by every rank); ``sharing``: the ranks on this rank's GPU."""
     from .kernels.direct import WARPS
 
     n = comm.world_size

@@ -85,6 +85,7 @@ class _Plan:
     strategy = None
     settings_type = PlanSettings
     _closed = False
+    _stages_words = True  # see _word_arrays (AG+RS reads 16-bit values one by one)
 
     def __init__(self, comm, max_tokens, num_heads, head_dim, dtype,
                  return_lse=False, is_lse_base_on_e=True, **options):
@@ -111,6 +112,10 @@ class _Plan:
         self.base_e = settings.is_lse_base_on_e
         self.bits = bits_dtype(settings.dtype)
         self._value = combine_codec(settings.dtype)[1]
+        # the plan's kernels move 16-bit data of an even D as uint32 words, and only so
+        # (their one variant): arrays that cannot be seen as words are staged
+        self._words = self._stages_words and self.bits.itemsize == 2 and self.head_dim % 2 == 0
+        self._x_words = None  # the staged partials, [max_tokens, H, D], made on first need
         device = self._prepare_device(settings) if comm.world_size > 1 else None
         import cupy
 
@@ -170,7 +175,11 @@ class _Plan:
 
         A float32 LSE and contiguous int64 masks are read in place; other
         dtypes or strides are converted, on ``stream``, into buffers the plan
-        owns. Calls of one plan must be ordered: on one stream, or
+        owns. So are 16-bit partials and results (even ``D``) whose rows are
+        not contiguous and 4-byte aligned: the plan's kernels move such data as
+        32-bit words. The first call with such partials allocates the plan's
+        ``[max_tokens, H, D]`` buffer for them, so it must not be captured in a
+        graph (``RuntimeError``). Calls of one plan must be ordered: on one stream, or
         synchronised by the caller (they share the plan's buffers).
 
         Returns:
@@ -214,9 +223,15 @@ class _Plan:
                 result_arr = kernel_array(result, self._value, "out")
                 lse, mask = self._stage_inputs(B, cp_attn_lse, seq_lens, query_start_loc, ptr)
                 self._check_device(cp_attn_out=x_bits, cp_attn_lse=lse, out=result_arr)
+                copy_out = None
+                if self._words:
+                    x_bits, result_arr, copy_out = self._word_arrays(
+                        B, cp_attn_out, x_bits, result, result_arr, ptr)
                 lse_arr = None if result_lse is None else kernel_array(result_lse, np.float32,
                                                                        "out_lse")
                 self._run(B, x_bits, lse, mask, result_arr, lse_arr, ptr)
+                if copy_out is not None:
+                    copy_out()
         return (result, result_lse) if self.return_lse else result
 
     def _run(self, tokens, x_bits, lse, mask, result, result_lse, ptr):
@@ -238,6 +253,39 @@ class _Plan:
         """``(steps, keep)``: the call as functions of the stream, and whether they may
         be kept (they then hold no array of the caller's)."""
         raise NotImplementedError
+
+    def _word_arrays(self, tokens, x, x_bits, out, out_arr, ptr):
+        """``(x_bits, out_arr, copy_out)``: the partials and the result as arrays the
+        plan's kernels can see as uint32 words. The caller's where they allow it
+        (:meth:`DeviceArray.as_words`: rows contiguous and 4-byte aligned);
+        else buffers the plan owns: the partials are copied in now, on ``ptr``,
+        and ``copy_out()`` (else ``None``) copies the result out after the call.
+        So a plan compiles one variant of each kernel, not one per layout."""
+        import cupy
+
+        if x_bits.as_words() is None:
+            if self._x_words is None:
+                if cupy_stream(ptr).is_capturing():
+                    raise RuntimeError(
+                        "cp_attn_out's rows are not 4-byte aligned with a contiguous last "
+                        "axis, and this plan has no buffer yet to copy such partials into; "
+                        "it cannot make one while a graph is captured: make one such call "
+                        "before the capture, or pass aligned partials")
+                self._x_words = cupy.empty((self.max_tokens, self.num_heads, self.head_dim),
+                                           dtype=self.bits)
+            staged = self._x_words[:tokens]
+            with cupy_stream(ptr):
+                staged[...] = as_cupy(x).view(self.bits)
+            x_bits = kernel_array(staged, self.bits)
+        if out_arr.as_words() is not None:
+            return x_bits, out_arr, None
+        own = self._result[:tokens]
+
+        def copy_out():
+            with cupy_stream(ptr):
+                as_cupy(out).view(self.bits)[...] = own.view(self.bits)
+
+        return x_bits, kernel_array(own, self._value), copy_out
 
     def _check_device(self, **arrays):
         """Raise ``ValueError`` for an array in another GPU's memory: the kernels
@@ -293,6 +341,7 @@ class _Plan:
         self._closed = True
         self._views = {}
         self._ready = {}
+        self._x_words = None
 
     def __enter__(self):
         return self
@@ -449,6 +498,7 @@ class DcpAgRsPlan(_Plan):
     """
 
     strategy = "ag_rs"
+    _stages_words = False
 
     def _allocate(self, cupy, settings, device, kernels):
         n, T = self.comm.world_size, self.max_tokens

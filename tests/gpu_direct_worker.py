@@ -32,7 +32,8 @@ from mpi4py import MPI
 
 import cupy_dcp
 from _helpers import run_worker
-from gpu_reduce_worker import call_kwargs, check_rank_result, expected, host
+from gpu_reduce_worker import (call_kwargs, check_rank_result, expected, host, kernel_counts,
+                               misaligned)
 from host_reduce_worker import B, DTYPES, HN, rank_inputs
 
 
@@ -44,6 +45,9 @@ def exact(world, comm):
         for D, base_e in ((5, True), (72, False), (512, True)):
             with cupy_dcp.DcpDirectPlan(comm, B, HN * n, D, dtype, return_lse=True,
                                         is_lse_base_on_e=base_e) as plan:
+                built = kernel_counts()  # a call builds no kernel: the plan built them all
+                if D == 72 and np.dtype(dtype).itemsize == 2:
+                    staged_capture_refused(world, plan, dtype, D)
                 for masked, head_major, tokens in ((False, False, B), (True, True, B),
                                                    (True, False, B - 2), (False, True, 1)):
                     case += 1
@@ -55,8 +59,11 @@ def exact(world, comm):
                     xd = cupy.asarray(x)
                     if case % 2:  # a strided input: [H, B, D] storage seen as [B, H, D]
                         xd = cupy.ascontiguousarray(xd.transpose(1, 0, 2)).transpose(1, 0, 2)
+                    elif case % 4 == 2:  # rows that 16-bit kernels cannot see as words
+                        xd = misaligned(xd)
                     got, got_lse = plan(xd, cupy.asarray(lse), **kw)
                     plan.synchronize()
+                    assert kernel_counts() == built, where
                     if masked and tokens < B:
                         continue  # the mask names tokens past B: checked at full B only
                     ref, ref_lse, scale = expected(world, x, lse, base_e, masked)
@@ -68,20 +75,41 @@ def exact(world, comm):
                 xd, ld = cupy.asarray(x), cupy.asarray(lse)
                 ref, ref_lse, scale = expected(world, x, lse, base_e, False)
                 outs = [cupy.full((B, HN, D), np.nan, dtype=dtype),
-                        cupy.full((HN, B, D), np.nan, dtype=dtype).transpose(1, 0, 2)]
-                for k in range(4):
-                    outs[k % 2].fill(np.nan)
-                    got, got_lse = plan(xd, ld, out=outs[k % 2])
+                        cupy.full((HN, B, D), np.nan, dtype=dtype).transpose(1, 0, 2),
+                        misaligned(cupy.full((B, HN, D), np.nan, dtype=dtype))]
+                for k in range(6):
+                    outs[k % 3].fill(np.nan)
+                    got, got_lse = plan(xd, ld, out=outs[k % 3])
                     plan.synchronize()
+                    assert got is outs[k % 3] and kernel_counts() == built, (dtype, D, k)
                     check_rank_result(host(got, dtype), cupy.asnumpy(got_lse), ref, ref_lse,
-                                      scale, f"rank {rank} direct {dtype} D={D} out {k % 2}, "
+                                      scale, f"rank {rank} direct {dtype} D={D} out {k % 3}, "
                                              f"call {k}")
     world.Barrier()
     from cupy_dcp.kernels import _cache
 
     counts = _cache.stats()  # this process's: kernels compiled here, and loaded from the cache
-    return {"cases": case, "repeated_calls": 4 * len(DTYPES) * 3,
+    return {"cases": case, "repeated_calls": 6 * len(DTYPES) * 3,
             "compiled": counts["compiled"], "loaded": counts["loaded"]}
+
+
+def staged_capture_refused(world, plan, dtype, D):
+    """A plan's first call with partials it must stage (16-bit rows that cannot be seen
+    as words) allocates the buffer it stages them in: inside a capture it raises,
+    clearly, before it launches anything, and the capture ends cleanly."""
+    import cupy
+    x, lse = rank_inputs(world.Get_rank(), 900, dtype, D, HN * world.Get_size())
+    xd, ld = misaligned(cupy.asarray(x)), cupy.asarray(lse)
+    cupy.cuda.Device().synchronize()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    stream.begin_capture()
+    try:
+        plan(xd, ld, stream=stream)
+        message = None
+    except RuntimeError as exc:
+        message = str(exc)
+    stream.end_capture()
+    assert message is not None and "before the capture" in message, message
 
 
 _COUNT_DIFF = None

@@ -64,14 +64,20 @@ def test_unknown_blocks_count_every_reachable_path():
 
 
 def test_a2a_variants():
-    assert len(a2a_tasks(BF16, 512)) == 4  # pack by 16 bits and by words, combine plain and pairs
-    assert len(a2a_tasks(np.dtype(np.float16), 512)) == 4  # float16 in pairs too
-    assert len(a2a_tasks(np.dtype(np.float16), 511)) == 2  # an odd D: no words
+    # one pack and one combine: 16-bit data of an even D by words and combined in pairs
+    # (the plan stages arrays that cannot be seen so), else by values
+    assert len(a2a_tasks(BF16, 512)) == 2
+    assert len(a2a_tasks(np.dtype(np.float16), 512)) == 2
+    assert len(a2a_tasks(np.dtype(np.float16), 511)) == 2  # an odd D: by 16 bits
     assert len(a2a_tasks(np.dtype(np.float32), 512)) == 2
-    # N from 2 to 8: each combine for its N, on whole rows and on rows split over the grid
-    assert len(a2a_tasks(BF16, 512, 2)) == 6
+    # N from 2 to 8: the combine for its N, on whole rows and on rows split over the grid
+    assert len(a2a_tasks(BF16, 512, 2)) == 3
     assert len(a2a_tasks(np.dtype(np.float32), 512, 8)) == 3
-    assert len(a2a_tasks(BF16, 512, 9)) == 4  # past 8: the combine for any N
+    assert len(a2a_tasks(BF16, 512, 9)) == 2  # past 8: the combine for any N
+    pack, *combines = a2a_tasks(BF16, 512, 2)  # functools.partial: their arguments
+    assert pack.args[0] == np.uint32 and all(c.args[1] for c in combines)  # words, pairs
+    pack, *combines = a2a_tasks(BF16, 511, 2)
+    assert pack.args[0] == np.uint16 and not any(c.args[1] for c in combines)
 
 
 CALL_KERNELS = """
@@ -87,8 +93,9 @@ for dtype, bits, d in (("bfloat16", np.uint16, 512), ("float16", np.uint16, 72),
     for n in (2, 3):
         for path in PATHS:
             for dependent in (False, True):
+                # the plan's arrays are seen as words where they can be: the last variant
                 want = call_kernels(as_dtype(dtype), n, np.dtype(bits), d, dependent,
-                                    Protocol(path))
+                                    Protocol(path))[-1:]
                 got = [task() for task in direct_tasks(as_dtype(dtype), n, bits, d, dependent,
                                                        path)]
                 assert [(k._dispatcher, k.argtypes, k.dependent) for k in got] == \
