@@ -17,6 +17,8 @@ loads (or compiles, where an entry is missing).
 """
 
 import functools
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -24,7 +26,7 @@ from .layout import is_bfloat16, lse_pack_dim
 from .kernels._rows import WARP, lanes_per_row
 
 __all__ = ["a2a_tasks", "agrs_tasks", "build_shared", "direct_paths", "direct_residency",
-           "direct_tasks", "share_compiles"]
+           "direct_tasks", "run_tasks", "share_compiles"]
 
 PATHS = ("tiles", "words", "lines")  # the order of a direct plan's residency list
 
@@ -114,7 +116,7 @@ def direct_residency(comm, dtype, bits, head_dim, max_tokens, local_heads, depen
     the blocks of each path's kernel that fit at once, in :data:`PATHS` order; a path
     that no call takes gets the most of the others (it bounds nothing). ``protocols``:
     the plan's (agreed by every rank); ``sharing``: the ranks on this rank's GPU."""
-    from .kernels.direct import WARPS
+    from .kernels.direct import LL_MAX_ROWS, WARPS
 
     n = comm.world_size
     mpi = comm.mpi_comm
@@ -128,8 +130,12 @@ def direct_residency(comm, dtype, bits, head_dim, max_tokens, local_heads, depen
 
     first = [p for p in ("words", "lines")
              if p in direct_paths(*sizes, None, None, None, protocols)]
-    # both paths' kernels in one build, so that a cold one makes them all at once
-    build_shared(mpi, [t for p in first
+    # these paths' kernels in one build, so that a cold one makes them all at once, shared
+    # among the ranks; with them the tiles' where some call has more rows than the words
+    # take (the tiles are then all but sure to be needed)
+    ahead = first + (["tiles"] if not first or int(max_tokens) * int(local_heads) > LL_MAX_ROWS
+                     else [])
+    build_shared(mpi, [t for p in ahead
                        for t in direct_tasks(dtype, n, bits, head_dim, dependent, p)])
     found = {p: resident(p) for p in first}
     # the blocks every rank can count on, as the plan reckons them: ranks that share a
@@ -162,25 +168,68 @@ def build_shared(mpi_comm, tasks):
     (one collective, which also carries failures: a task that raised on any rank
     raises ``RuntimeError`` on every rank), each runs all of them, loading the
     others' from the cache. Without a cache there is nothing to share: each
-    rank runs every task itself.
+    rank runs every task itself. Either way a rank runs its tasks through
+    :func:`run_tasks` (one links while the next compiles).
     """
     from .kernels import _cache
 
     tasks = list(tasks)
     if (mpi_comm is None or mpi_comm.Get_size() == 1 or _cache.cache_dir() is None
             or not _sharing[0]):
-        return [task() for task in tasks]
+        return run_tasks(tasks)
     from .comm import node_rank_and_size
 
     me, size = node_rank_and_size(mpi_comm)
     error = None
     try:
-        for task in tasks[me::size]:
-            task()
+        run_tasks(tasks[me::size])
     except Exception as exc:  # the others must not wait for this rank
         error = f"{type(exc).__name__}: {exc}"
     failed = [(rank, e) for rank, e in enumerate(mpi_comm.allgather(error)) if e]
     if failed:
         rank, detail = failed[0]
         raise RuntimeError(f"rank {rank} failed to compile a kernel: {detail}")
-    return [task() for task in tasks]
+    return run_tasks(tasks)
+
+
+def run_tasks(tasks):
+    """Run ``tasks`` and return their results in order. Several run on two threads:
+    each starts once the one before it has finished or begun to link its cubin (the
+    CUDA driver's work, which leaves Python to the other thread), so that one kernel
+    links while the next compiles; nothing else of two tasks overlaps. The threads
+    work in the caller's CUDA context. The first task that raised raises here,
+    after every task has run."""
+    from .kernels import _cache
+
+    tasks = list(tasks)
+    if len(tasks) < 2:
+        return [task() for task in tasks]
+    context = _cuda_context()
+    free = [threading.Event() for _ in tasks]  # the next task may start
+
+    def run(i):
+        if i:
+            free[i - 1].wait()
+        try:
+            if context is not None:
+                context[0].cuCtxSetCurrent(context[1])
+            with _cache.on_link(free[i].set):
+                return tasks[i]()
+        finally:
+            free[i].set()
+
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(run, i) for i in range(len(tasks))]
+    return [future.result() for future in futures]
+
+
+def _cuda_context():
+    """``(cuda.bindings.driver, context)`` of this thread's current CUDA context, or
+    ``None`` (no driver, none current)."""
+    try:
+        from cuda.bindings import driver
+
+        err, context = driver.cuCtxGetCurrent()
+    except Exception:  # no CUDA bindings, or no driver: the tasks need no context
+        return None
+    return (driver, context) if not err and int(context) else None

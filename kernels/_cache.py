@@ -51,7 +51,7 @@ import types as pytypes
 import warnings
 
 __all__ = ["CacheWarning", "cache_dir", "cached_njit", "code_fingerprint", "cuda_image",
-           "cuda_ptx", "reset_stats", "set_cache_dir", "stats", "use_default"]
+           "cuda_ptx", "on_link", "reset_stats", "set_cache_dir", "stats", "use_default"]
 
 _FORMAT = 1  # of an entry file; part of every key
 _MAGIC = b"cupy_dcp kernel cache\n"
@@ -394,6 +394,7 @@ def cuda_image(dispatcher, argtypes, cc):
             return found[1], found[0]["entry_name"], False
         found = _load(keys[1])
         if found is not None:  # built without a GPU: link it here, once
+            _linking()
             try:
                 cubin = _link_ptx(found[1], cc, dispatcher.targetoptions)
             except Exception as exc:  # e.g. a driver older than the PTX: compile instead
@@ -405,12 +406,34 @@ def cuda_image(dispatcher, argtypes, cc):
                 return cubin, found[0]["entry_name"], False
     dispatcher.compile(argtypes)
     compiled = dispatcher.overloads[argtypes]
+    _linking()
     cubin = compiled.library.get_cubin(cc=cc)
     cubin = bytes(getattr(cubin, "code", cubin))
     _count("compiled")
     if keys is not None:
         _store(keys[0], {"entry_name": compiled.entry_name}, cubin)
     return cubin, compiled.entry_name, True
+
+
+_thread = threading.local()
+
+
+@contextlib.contextmanager
+def on_link(callback):
+    """Within this block, this thread calls ``callback()`` when a kernel it builds is
+    about to be linked into a cubin (the CUDA driver's work, which leaves Python to
+    other threads): ``cupy_dcp._compile`` then lets the next build start."""
+    _thread.on_link = callback
+    try:
+        yield
+    finally:
+        _thread.on_link = None
+
+
+def _linking():
+    callback = getattr(_thread, "on_link", None)
+    if callback is not None:
+        callback()
 
 
 def _link_ptx(ptx, cc, options):

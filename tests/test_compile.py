@@ -3,12 +3,15 @@ node's ranks sharing a cold compile."""
 
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from _helpers import job_results, mpiexec_env
 
-from cupy_dcp._compile import PATHS, a2a_tasks, build_shared, direct_paths
+from cupy_dcp._compile import PATHS, a2a_tasks, build_shared, direct_paths, run_tasks
 from cupy_dcp.kernels.direct import line_rows, region_grid, window_layout
 from cupy_dcp.layout import as_dtype
 
@@ -117,6 +120,51 @@ def test_build_shared_alone_runs_every_task_once():
     runs = []
     assert build_shared(None, [lambda i=i: runs.append(i) or i for i in range(3)]) == [0, 1, 2]
     assert runs == [0, 1, 2]
+
+
+def test_run_tasks_lets_the_next_build_start_only_at_a_link():
+    """Tasks start in order; the next starts once the one before it begins to link its
+    cubin (``_cache._linking``, as a cold build does), while that link runs."""
+    from cupy_dcp.kernels import _cache
+
+    events, lock = [], threading.Lock()
+
+    def note(kind, i):
+        with lock:
+            events.append((kind, i))
+
+    def task(i):
+        def run():
+            note("start", i)
+            time.sleep(0.05)  # compiling
+            note("link", i)
+            _cache._linking()
+            time.sleep(0.3)  # linking: the next task compiles meanwhile
+            note("end", i)
+            return i * i
+        return run
+
+    assert run_tasks([task(i) for i in range(3)]) == [0, 1, 4]
+    assert [i for kind, i in events if kind == "start"] == [0, 1, 2]
+    at = events.index
+    assert at(("link", 0)) < at(("start", 1)) < at(("end", 0))
+    assert at(("link", 1)) < at(("start", 2))
+
+
+def test_run_tasks_raises_the_first_failure_after_every_task_ran():
+    runs = []
+
+    def task(i):
+        def run():
+            runs.append(i)
+            if i in (1, 2):
+                raise ValueError(f"task {i}")
+            return i
+        return run
+
+    with pytest.raises(ValueError, match="task 1"):
+        run_tasks([task(i) for i in range(4)])
+    assert runs == [0, 1, 2, 3]
 
 
 def test_ranks_share_the_first_run(tmp_path, mpiexec):
