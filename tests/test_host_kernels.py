@@ -210,3 +210,26 @@ def test_f16_to_f32_bits_widens_every_float16_exactly(bits):
     want = every.astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
     np.testing.assert_array_equal(widened, want)
     assert np.isnan(widened.view(np.float32)).sum() == 2 * 1023
+
+
+def test_row_is_empty_against_a_linear_scan():
+    """The mask's lookup (a guess that token b is sequence b, then a binary search)
+    against the definition, over random valid batches: sequences of 0 to 3 tokens
+    (equal starts), a first start past 0, padding after the last, empty ``seq_lens``."""
+    import numba
+
+    from cupy_dcp.kernels._math import build_mask
+
+    row_is_empty = build_mask(numba.njit)
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        s = int(rng.integers(0, 7))
+        counts = rng.choice([0, 1, 1, 1, 2, 3], size=s) if trial % 3 else np.ones(s, np.int64)
+        starts = (int(rng.integers(0, 3)) if trial % 2 else 0) + np.concatenate(
+            [[0], np.cumsum(counts)]).astype(np.int64)
+        seq_lens = rng.integers(0, 3, size=s).astype(np.int64)
+        for b in range(int(starts[-1]) + 3):
+            owners = [k for k in range(s) if starts[k] <= b < starts[k + 1]]
+            expect = not owners or seq_lens[owners[0]] <= 0
+            assert row_is_empty(b, seq_lens, starts, s) == expect, (b, starts, seq_lens)
+    assert not row_is_empty(0, seq_lens, starts, -1)  # no mask
