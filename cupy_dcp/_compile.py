@@ -35,7 +35,7 @@ def a2a_tasks(dtype, head_dim, world_size=0):
     """The pack and combine kernels of a :class:`DcpA2APlan` of ``world_size`` ranks
     (0: the combine for any N)."""
     from .kernels.combine import combine_kernel, combine_variants, static_shards
-    from .kernels.pack import pack_kernel
+    from .kernels.pack import pack_kernel, wide_rows
 
     dtype, D = np.dtype(dtype), int(head_dim)
     shards = static_shards(world_size) if world_size else 0
@@ -45,10 +45,13 @@ def a2a_tasks(dtype, head_dim, world_size=0):
         return [functools.partial(combine_kernel, dtype, pairs, group, shards, unroll)
                 for group, unroll in combine_variants(elements, shards)]
 
+    def pack(bits, elements):
+        return functools.partial(pack_kernel, np.dtype(bits), lanes_per_row(elements),
+                                 wide_rows(elements))
+
     if bits.itemsize == 2 and D % 2 == 0:  # words, and bfloat16 and float16 in pairs
-        return ([functools.partial(pack_kernel, np.dtype(np.uint32), lanes_per_row(D // 2))]
-                + combines(True, D // 2))
-    return [functools.partial(pack_kernel, bits, lanes_per_row(D))] + combines(False, D)
+        return [pack(np.uint32, D // 2)] + combines(True, D // 2)
+    return [pack(bits, D)] + combines(False, D)
 
 
 def agrs_tasks(dtype, num_heads, head_dim):

@@ -11,7 +11,7 @@ with :func:`packed_row_writer`.
 import functools
 
 import numpy as np
-from numba import cuda
+from numba import config, cuda
 
 from numba.core import types
 
@@ -25,7 +25,9 @@ from ._specs import check_pack_args
 from ._trailer import CALL, TOKENS, WORDS, trailer_functions
 from ._vector import QUAD, vector_functions
 
-__all__ = ["pack_kernel", "pack_launch", "pack_send"]
+__all__ = ["MAX_REGISTERS", "pack_kernel", "pack_launch", "pack_send", "wide_rows"]
+
+MAX_REGISTERS = 64  # a pack thread's (at 78, as NVVM left it, 6 blocks fit an SM, not 8)
 
 
 @functools.cache
@@ -187,8 +189,56 @@ def packed_row_writer(group=WARP):
 
 
 @functools.cache
-def _pack_kernel(group=WARP, half=False):
-    write_packed_row = packed_row_writer(group)
+def wide_row_writer(group=WARP):
+    """Device function ``write_packed_row`` of :func:`packed_row_writer`, for rows of
+    more than one step (``D > group * UNROLL`` elements: float32 at D = 512, 16-bit
+    words at D = 576): each lane loads two steps, then stores them, so that a
+    row costs one memory round trip for every two steps instead of one a step."""
+    row_lse_bits = lse_bits_reader()
+    lse_mask, lse_shift = np.uint32(LSE_HALF_MASK), np.uint32(LSE_HALF_BITS)
+    u64 = np.uint64
+    u_group, u_step, u_one = u64(group), u64(group * UNROLL), u64(1)
+
+    @cuda.jit(device=True)
+    def write_packed_row(src, dst, lse_bits, b, head, seq_lens, query_start_loc, num_seqs,
+                         lane, d_count, width):
+        low = cuda.local.array(UNROLL, dst.dtype)
+        high = cuda.local.array(UNROLL, dst.dtype)
+        bits = np.uint32(0)
+        base = lane
+        while base < d_count:
+            for k in range(UNROLL):
+                d = base + u64(k) * u_group
+                if d < d_count:
+                    low[k] = src[d]
+            for k in range(UNROLL):
+                d = base + u_step + u64(k) * u_group
+                if d < d_count:
+                    high[k] = src[d]
+            if lane == 0 and base == u64(0):  # the LSE (and a mask's search) loads meanwhile
+                bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)
+            for k in range(UNROLL):
+                d = base + u64(k) * u_group
+                if d < d_count:
+                    dst[d] = low[k]
+            for k in range(UNROLL):
+                d = base + u_step + u64(k) * u_group
+                if d < d_count:
+                    dst[d] = high[k]
+            base += u_step + u_step
+        if lane == 0:
+            if width - d_count == u_one:
+                dst[d_count] = bits
+            else:
+                dst[d_count] = bits & lse_mask
+                dst[d_count + u_one] = (bits >> lse_shift) & lse_mask
+
+    return write_packed_row
+
+
+@functools.cache
+def _pack_kernel(group=WARP, half=False, wide=False):
+    write_packed_row = wide_row_writer(group) if wide else packed_row_writer(group)
     cursor = row_cursor()
     put_word, _, flat_thread, _ = trailer_functions(half)
 
@@ -196,8 +246,13 @@ def _pack_kernel(group=WARP, half=False):
     u_group, u_words, u_tokens, u_call = u64(group), u64(WORDS), u64(TOKENS), u64(CALL)
     low32 = np.int64(0xFFFFFFFF)
 
+    # At most 64 registers (the linker's cap; the PTX is the same): 8 blocks of 128
+    # threads fit an SM instead of 6, so that 1024 blocks (B = 32 at H = 128) run in
+    # one wave. The simulator takes no such option.
+    limits = {} if config.ENABLE_CUDASIM else {"max_registers": MAX_REGISTERS}
+
     # Indices are unsigned so that Numba emits no negative-index wraparound.
-    @cuda.jit
+    @cuda.jit(**limits)
     def pack(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank,
              signature, state):
         b_count = u64(data.shape[0])
@@ -251,15 +306,24 @@ def _pack_kernel(group=WARP, half=False):
 
 
 @functools.cache
-def pack_kernel(bits, group=WARP):
-    """The pack kernel specialised for element bits ``bits`` (uint16 or uint32) and
-    ``group`` lanes per row."""
+def pack_kernel(bits, group=WARP, wide=False):
+    """The pack kernel specialised for element bits ``bits`` (uint16 or uint32),
+    ``group`` lanes per row and rows of more than one step (``wide``: see
+    :func:`wide_row_writer`; :func:`pack_launch` picks it for ``D > group *
+    UNROLL``)."""
     i64 = types.int64
     argtypes = (array_type(bits, 3, False), array_type(np.uint32, 2, False),
                 array_type(np.int64, 1, True), array_type(np.int64, 1, True), i64,
                 array_type(bits, 4, True), array_type(bits, 4, True), i64,
                 array_type(np.int64, 1, True), array_type(np.int64, 1, True))
-    return SpecializedKernel(_pack_kernel(group, np.dtype(bits).itemsize == 2), argtypes)
+    return SpecializedKernel(_pack_kernel(group, np.dtype(bits).itemsize == 2, bool(wide)),
+                             argtypes)
+
+
+def wide_rows(elements):
+    """Whether rows of ``elements`` items take the pack's wide kernel (more than one
+    step of ``lanes_per_row(elements)`` lanes)."""
+    return elements > lanes_per_row(elements) * UNROLL
 
 
 def pack_send(out, lse, send, stream=None, seq_lens=None, query_start_loc=None,
@@ -332,6 +396,6 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
     signature, state = (dummy_index(), dummy_index()) if signed is None else signed
     group = lanes_per_row(data.shape[2])
     grid, block = row_grid(send.shape[0] * data.shape[0] * send.shape[2], group)
-    return pack_kernel(data.dtype, group), grid, block, (
+    return pack_kernel(data.dtype, group, wide_rows(data.shape[2])), grid, block, (
         data, lse_bits, seq_lens, query_start_loc, int(num_seqs), send, recv, int(self_rank),
         signature, state)

@@ -85,6 +85,7 @@ def kernels():
     for bits in (np.uint16, np.uint32):
         for group in (8, 32):
             add(f"pack {np.dtype(bits)} group {group}", pack.pack_kernel(np.dtype(bits), group))
+        add(f"pack {np.dtype(bits)} group 32 wide", pack.pack_kernel(np.dtype(bits), 32, True))
     for dtype in dtypes:
         for group in (8, 32):
             add(f"combine {dtype} group {group}", combine.combine_kernel(dtype, False, group))

@@ -22,10 +22,13 @@ def host(x):
 
 
 SHAPES = [(1, 2, 2, 1), (2, 2, 4, 3), (3, 1, 6, 8), (2, 3, 4, 72), (4, 1, 4, 33)]
+# and rows of more than one step (the wide pack): float32 and 16-bit values, and 16-bit
+# data as words (300 words a row)
+PACK_SHAPES = SHAPES + [(2, 1, 2, 577), (2, 2, 2, 600)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "N%dB%dH%dD%d" % s)
+@pytest.mark.parametrize("shape", PACK_SHAPES, ids=lambda s: "N%dB%dH%dD%d" % s)
 def test_pack_bit_exact(dtype, shape):
     check_pack(ident, host, dtype, *shape, np.random.default_rng(sum(shape)))
 
