@@ -398,6 +398,7 @@ class DcpDirectPlan(_Plan):
         if self._closed:
             return
         self._closed = True
+        self._x_words = None  # the staged partials' buffer (_Plan._word_arrays)
         if self.comm.world_size == 1 or self._window is None:
             return
         import cupy

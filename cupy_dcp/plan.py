@@ -25,8 +25,8 @@ from ._divergence import A2A_CODE, MappedWords, divergence_message
 from .kernels import _trailer
 from .comm import _cupy_problem, as_communicator
 from .layout import as_dtype, bits_dtype, c_strides, check_heads, lse_pack_dim
-from .kernels._arrays import (as_cupy, cupy_stream, dummy_index, kernel_array, pointer_device,
-                               stream_ptr)
+from .kernels._arrays import (as_cupy, cupy_stream, cupy_view, dummy_index, kernel_array,
+                               pointer_device, stream_ptr)
 from .kernels._launch import DeviceArray, choose_launcher
 from .kernels.agrs import correct_launch, finish_launch, mask_launch
 from .kernels.combine import combine_codec, combine_launch
@@ -175,11 +175,13 @@ class _Plan:
 
         A float32 LSE and contiguous int64 masks are read in place; other
         dtypes or strides are converted, on ``stream``, into buffers the plan
-        owns. So are 16-bit partials and results (even ``D``) whose rows are
-        not contiguous and 4-byte aligned: the plan's kernels move such data as
-        32-bit words. The first call with such partials allocates the plan's
-        ``[max_tokens, H, D]`` buffer for them, so it must not be captured in a
-        graph (``RuntimeError``). Calls of one plan must be ordered: on one stream, or
+        owns. So are, in the A2A and direct plans, 16-bit partials and results
+        (even ``D``) whose rows are not contiguous and 4-byte aligned: their
+        kernels move such data as 32-bit words. The first call with such
+        partials allocates the plan's ``[max_tokens, H, D]`` buffer for them,
+        so it must not be captured in a graph (``RuntimeError``); make a call
+        with each such layout of partials or result once before a capture
+        (its copies are CuPy kernels, built on first use). Calls of one plan must be ordered: on one stream, or
         synchronised by the caller (they share the plan's buffers).
 
         Returns:
@@ -225,8 +227,7 @@ class _Plan:
                 self._check_device(cp_attn_out=x_bits, cp_attn_lse=lse, out=result_arr)
                 copy_out = None
                 if self._words:
-                    x_bits, result_arr, copy_out = self._word_arrays(
-                        B, cp_attn_out, x_bits, result, result_arr, ptr)
+                    x_bits, result_arr, copy_out = self._word_arrays(B, x_bits, result_arr, ptr)
                 lse_arr = None if result_lse is None else kernel_array(result_lse, np.float32,
                                                                        "out_lse")
                 self._run(B, x_bits, lse, mask, result_arr, lse_arr, ptr)
@@ -254,7 +255,7 @@ class _Plan:
         be kept (they then hold no array of the caller's)."""
         raise NotImplementedError
 
-    def _word_arrays(self, tokens, x, x_bits, out, out_arr, ptr):
+    def _word_arrays(self, tokens, x_bits, out_arr, ptr):
         """``(x_bits, out_arr, copy_out)``: the partials and the result as arrays the
         plan's kernels can see as uint32 words. The caller's where they allow it
         (:meth:`DeviceArray.as_words`: rows contiguous and 4-byte aligned);
@@ -275,15 +276,16 @@ class _Plan:
                                            dtype=self.bits)
             staged = self._x_words[:tokens]
             with cupy_stream(ptr):
-                staged[...] = as_cupy(x).view(self.bits)
+                staged[...] = cupy_view(x_bits)
             x_bits = kernel_array(staged, self.bits)
         if out_arr.as_words() is not None:
             return x_bits, out_arr, None
         own = self._result[:tokens]
+        target = cupy_view(out_arr.view(self.bits))
 
         def copy_out():
             with cupy_stream(ptr):
-                as_cupy(out).view(self.bits)[...] = own.view(self.bits)
+                target[...] = own.view(self.bits)
 
         return x_bits, kernel_array(own, self._value), copy_out
 

@@ -14,7 +14,8 @@ from numba import config, cuda
 from ._format import c_strides
 from ._launch import DeviceArray
 
-__all__ = ["as_cupy", "cupy_stream", "dummy_index", "kernel_array", "pointer_device", "stream_ptr"]
+__all__ = ["as_cupy", "cupy_stream", "cupy_view", "dummy_index", "kernel_array", "pointer_device",
+           "stream_ptr"]
 
 
 def _cupy():
@@ -56,6 +57,20 @@ def as_cupy(obj):
     except (AttributeError, TypeError, ValueError, RuntimeError):
         return cupy.from_dlpack(obj)
     return cupy.asarray(obj)
+
+
+def cupy_view(arr):
+    """A CuPy array over the memory of the :class:`DeviceArray` ``arr`` (its shape,
+    strides and dtype), made from its address alone: no interface is read, so
+    nothing synchronises (``as_cupy`` reads the CAI, whose stream CuPy waits for)."""
+    import cupy
+
+    itemsize = arr.dtype.itemsize
+    low = sum(min(0, (n - 1) * s) for n, s in zip(arr.shape, arr.strides))
+    high = sum(max(0, (n - 1) * s) for n, s in zip(arr.shape, arr.strides)) + itemsize
+    memory = cupy.cuda.UnownedMemory(arr.ptr + low, high - low, arr.owner)
+    return cupy.ndarray(arr.shape, arr.dtype, cupy.cuda.MemoryPointer(memory, -low),
+                        arr.strides)
 
 
 def cupy_stream(ptr):

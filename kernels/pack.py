@@ -198,33 +198,25 @@ def wide_row_writer(group=WARP):
     lse_mask, lse_shift = np.uint32(LSE_HALF_MASK), np.uint32(LSE_HALF_BITS)
     u64 = np.uint64
     u_group, u_step, u_one = u64(group), u64(group * UNROLL), u64(1)
+    held = 2 * UNROLL  # two steps' elements a lane: lane, lane + group, ...
 
     @cuda.jit(device=True)
     def write_packed_row(src, dst, lse_bits, b, head, seq_lens, query_start_loc, num_seqs,
                          lane, d_count, width):
-        low = cuda.local.array(UNROLL, dst.dtype)
-        high = cuda.local.array(UNROLL, dst.dtype)
+        buf = cuda.local.array(held, dst.dtype)
         bits = np.uint32(0)
         base = lane
         while base < d_count:
-            for k in range(UNROLL):
+            for k in range(held):
                 d = base + u64(k) * u_group
                 if d < d_count:
-                    low[k] = src[d]
-            for k in range(UNROLL):
-                d = base + u_step + u64(k) * u_group
-                if d < d_count:
-                    high[k] = src[d]
+                    buf[k] = src[d]
             if lane == 0 and base == u64(0):  # the LSE (and a mask's search) loads meanwhile
                 bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)
-            for k in range(UNROLL):
+            for k in range(held):
                 d = base + u64(k) * u_group
                 if d < d_count:
-                    dst[d] = low[k]
-            for k in range(UNROLL):
-                d = base + u_step + u64(k) * u_group
-                if d < d_count:
-                    dst[d] = high[k]
+                    dst[d] = buf[k]
             base += u_step + u_step
         if lane == 0:
             if width - d_count == u_one:

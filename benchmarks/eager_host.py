@@ -1,0 +1,113 @@
+"""Host microseconds an eager ``DcpDirectPlan`` call takes to return (no synchronisation),
+beside the floor of one ready kernel launch measured in the same run.
+
+    mpirun -n 2 python -m mpi4py benchmarks/eager_host.py [--tokens 1 8 32] [--heads 32]
+                                                          [--head-dim 128] [--profile 500]
+
+The ranks may share one GPU (the direct path's windows are CUDA IPC memory). For each
+B, every rank makes ``--burst`` calls back to back, timing only the loop (the calls
+return before their kernels end), then synchronises; the figure is the median over
+``--reps`` bursts of the slowest rank's microseconds per call. The floor: one ready
+launch of the empty kernel (``cupy_dcp._floors``) through the same launcher, timed
+alike. ``--profile K``: cProfile of K more calls on rank 0 (sorted by own time).
+"""
+
+import argparse
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+
+def _burst_us(fn, burst, reps, sync, world):
+    fn()
+    sync()
+    samples = []
+    for _ in range(reps):
+        world.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(burst):
+            fn()
+        samples.append((time.perf_counter() - t0) * 1e6 / burst)
+        sync()
+    return float(np.median(world.allreduce(np.asarray(samples), op=MPI.MAX)))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--burst", type=int, default=50)
+    p.add_argument("--reps", type=int, default=40)
+    p.add_argument("--profile", type=int, default=0)
+    args = p.parse_args()
+
+    import cupy
+
+    import cupy_dcp
+    from cupy_dcp import _floors
+    from cupy_dcp.kernels._arrays import kernel_array
+    from cupy_dcp.layout import as_dtype
+
+    world = MPI.COMM_WORLD
+    comm = cupy_dcp.Communicator.from_mpi(world, backend="mpi")
+    comm.select_device()
+    dtype = as_dtype(args.dtype)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    empty = _floors.empty_kernel()
+    buf = cupy.zeros(4, cupy.uint32)
+    ready = empty.prepare((1,), (32,), (kernel_array(buf, np.uint32), kernel_array(buf, np.uint32)))
+    if ready is None:
+        launch = lambda: empty((1,), (32,), stream.ptr, (kernel_array(buf, np.uint32),) * 2)  # noqa: E731
+    else:
+        launch = lambda: ready(stream.ptr)  # noqa: E731
+    floor = _burst_us(launch, args.burst, args.reps, stream.synchronize, world)
+    rank = world.Get_rank()
+    if rank == 0:
+        print(f"eager DcpDirectPlan calls, {world.Get_size()} ranks, H={args.heads} "
+              f"D={args.head_dim} {dtype.name}: host us per call to return "
+              f"(one ready empty-kernel launch: {floor:.1f} us, launcher {empty.launcher})",
+              flush=True)
+    with cupy_dcp.DcpDirectPlan(comm, max(args.tokens), args.heads, args.head_dim, dtype) as plan:
+        for tokens in args.tokens:
+            rng = np.random.default_rng(rank)
+            x = cupy.asarray(rng.standard_normal((tokens, args.heads, args.head_dim),
+                                                 dtype=np.float32)).astype(dtype)
+            lse = cupy.asarray(rng.uniform(-5, 5, (tokens, args.heads)).astype(np.float32))
+            cupy.cuda.Device().synchronize()
+            call = lambda: plan(x, lse, stream=stream)  # noqa: E731
+            us = _burst_us(call, args.burst, args.reps, lambda: plan.synchronize(stream), world)
+            if rank == 0:
+                print(f"B={tokens:<5} {us:7.1f} us  ({us / floor:.1f}x the launch)", flush=True)
+        if args.profile:
+            _profile(plan, x, lse, stream, args.profile, world)
+
+
+def _profile(plan, x, lse, stream, calls, world):
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile() if world.Get_rank() == 0 else None
+    world.Barrier()
+    if profiler is not None:
+        profiler.enable()
+    for k in range(calls):
+        plan(x, lse, stream=stream)
+        if k % 50 == 49:
+            plan.synchronize(stream)
+    if profiler is not None:
+        profiler.disable()
+    plan.synchronize(stream)
+    world.Barrier()
+    if profiler is not None:
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(14)
+        print(f"host profile of {calls} calls (sorted by own time):", flush=True)
+        print("\n".join(line for line in text.getvalue().splitlines() if line.strip()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
