@@ -30,7 +30,9 @@ def _burst_us(fn, burst, reps, sync, world):
             fn()
         samples.append((time.perf_counter() - t0) * 1e6 / burst)
         sync()
-    return float(np.median(world.allreduce(np.asarray(samples), op=MPI.MAX)))
+    slowest = np.empty(len(samples))
+    world.Allreduce(np.asarray(samples, dtype=np.float64), slowest, op=MPI.MAX)
+    return float(np.median(slowest))
 
 
 def main():
