@@ -127,19 +127,24 @@ def direct_residency(comm, dtype, bits, head_dim, max_tokens, local_heads, depen
     sizes = (n, int(max_tokens), int(local_heads), width, np.dtype(bits).itemsize)
     threads = WARP * WARPS
 
+    built = {}  # path: its kernels
+
+    def build(paths):  # collective: every rank builds the same paths
+        tasks = [(p, t) for p in paths for t in direct_tasks(dtype, n, bits, head_dim,
+                                                            dependent, p)]
+        for (p, _), kernel in zip(tasks, build_shared(mpi, [t for _, t in tasks])):
+            built.setdefault(p, []).append(kernel)
+
     def resident(path):
-        kernels = build_shared(mpi, direct_tasks(dtype, n, bits, head_dim, dependent, path))
-        return min(k.resident_blocks(threads) for k in kernels)
+        return min(k.resident_blocks(threads) for k in built[path])
 
     first = [p for p in ("words", "lines")
              if p in direct_paths(*sizes, None, None, None, protocols)]
     # these paths' kernels in one build, so that a cold one makes them all at once, shared
     # among the ranks; with them the tiles' where some call has more rows than the words
     # take (the tiles are then all but sure to be needed)
-    ahead = first + (["tiles"] if not first or int(max_tokens) * int(local_heads) > LL_MAX_ROWS
-                     else [])
-    build_shared(mpi, [t for p in ahead
-                       for t in direct_tasks(dtype, n, bits, head_dim, dependent, p)])
+    build(first + (["tiles"] if not first or int(max_tokens) * int(local_heads) > LL_MAX_ROWS
+                   else []))
     found = {p: resident(p) for p in first}
     # the blocks every rank can count on, as the plan reckons them: ranks that share a
     # GPU bound every kernel by the fewest of any (the kernels of no call's path aside)
@@ -148,6 +153,8 @@ def direct_residency(comm, dtype, bits, head_dim, max_tokens, local_heads, depen
     caps = [min(c) for c in zip(*mpi.allgather(caps))]
     needed = direct_paths(*sizes, None, caps[0], caps[1], ("tiles",) + tuple(first))
     if "tiles" in needed or not found:
+        if "tiles" not in built:  # every rank decides alike: the caps are everyone's
+            build(["tiles"])
         found["tiles"] = resident("tiles")
     placeholder = max(found.values())
     return [found.get(p, placeholder) for p in PATHS]
