@@ -60,9 +60,10 @@ def main():
     stream = cupy.cuda.Stream(non_blocking=True)
     empty = _floors.empty_kernel()
     buf = cupy.zeros(4, cupy.uint32)
-    ready = empty.prepare((1,), (32,), (kernel_array(buf, np.uint32), kernel_array(buf, np.uint32)))
-    if ready is None:
-        launch = lambda: empty((1,), (32,), stream.ptr, (kernel_array(buf, np.uint32),) * 2)  # noqa: E731
+    floor_args = (kernel_array(buf, np.uint32),) * 2
+    ready = empty.prepare((1,), (32,), floor_args)
+    if ready is None:  # the Numba launcher prepares nothing
+        launch = lambda: empty((1,), (32,), stream.ptr, floor_args)  # noqa: E731
     else:
         launch = lambda: ready(stream.ptr)  # noqa: E731
     floor = _burst_us(launch, args.burst, args.reps, stream.synchronize, world)

@@ -181,8 +181,9 @@ class _Plan:
         partials allocates the plan's ``[max_tokens, H, D]`` buffer for them,
         so it must not be captured in a graph (``RuntimeError``); make a call
         with each such layout of partials or result once before a capture
-        (its copies are CuPy kernels, built on first use). Calls of one plan must be ordered: on one stream, or
-        synchronised by the caller (they share the plan's buffers).
+        (its copies are CuPy kernels, built on first use). Calls of one plan
+        must be ordered: on one stream, or synchronised by the caller (they
+        share the plan's buffers).
 
         Returns:
             ``[B, H/N, D]`` (and ``[B, H/N]`` float32 when the plan returns the
