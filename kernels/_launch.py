@@ -66,6 +66,10 @@ class DeviceArray:
             n *= extent
         return n
 
+    def flat(self):
+        """This C-contiguous array seen as one axis of all its elements."""
+        return DeviceArray(self.ptr, (self.size,), (self.dtype.itemsize,), self.dtype, self.owner)
+
     def as_words(self):
         """This 16-bit array seen as uint32 words of two elements, or ``None``.
 

@@ -18,7 +18,7 @@ from ._format import as_dtype
 from ._arrays import kernel_array, stream_ptr
 from ._device import device_functions, inline_device, row_weights_of
 from ._launch import DeviceArray, SpecializedKernel, array_type
-from ._rows import UNROLL, lanes_per_row, row_cursor, row_grid
+from ._rows import UNROLL, lanes_per_row, row_cursor, row_grid, tile_cursor, tile_grid
 from .combine import codec_functions, combine_codec
 
 __all__ = ["agrs_correct", "agrs_finish", "correct_kernel", "correct_launch", "finish_kernel",
@@ -48,25 +48,24 @@ def _correct_kernel(codec, group):
     row_weights, shard_weight, zero = _row_weights(), f["shard_weight"], f["zero"]
     u64 = np.uint64
     u_group, u_step = u64(group), u64(group * UNROLL)
-    cursor = row_cursor()
+    cursor = tile_cursor()
 
     @cuda.jit
     def correct(data, lses, self_rank, base_e, corrected):
         # data [B, H, D] (values), lses [N, B, H] f32, corrected [N, B, H/N, D] f32
         b_count = u64(data.shape[0])
-        heads = u64(data.shape[1])
         d_count = u64(data.shape[2])
         hn = u64(corrected.shape[2])
-        lane, row, row_step = cursor(u_group)
+        lane, h, b, b_step = cursor(u_group)
+        r = u64(cuda.blockIdx.y)  # the grid's y: the rank the corrected row goes to
+        head = r * hn + h
         buf = cuda.local.array(UNROLL, float32)
-        while row < b_count * heads:
-            b = row // heads
-            head = row % heads
+        while h < hn and b < b_count:
             column = lses[:, b, head]
             m, inv_total, _ = row_weights(column, base_e)
             w = shard_weight(column[self_rank], m, inv_total, base_e)
             src = data[b, head]
-            dst = corrected[head // hn, b, head % hn]
+            dst = corrected[r, b, h]
             base = lane
             while base < d_count:
                 for k in range(UNROLL):
@@ -80,7 +79,7 @@ def _correct_kernel(codec, group):
                     if d < d_count:
                         dst[d] = buf[k]
                 base += u_step
-            row += row_step
+            b += b_step
 
     return correct
 
@@ -92,7 +91,7 @@ def _finish_kernel(codec, group):
     row_weights, global_lse = _row_weights(), f["global_lse"]
     u64 = np.uint64
     u_group, u_step = u64(group), u64(group * UNROLL)
-    cursor = row_cursor()
+    cursor = tile_cursor()
 
     @cuda.jit
     def finish(summed, lses, self_rank, base_e, write_lse, out, out_lse):
@@ -100,10 +99,8 @@ def _finish_kernel(codec, group):
         b_count = u64(summed.shape[0])
         hn = u64(summed.shape[1])
         d_count = u64(summed.shape[2])
-        lane, row, row_step = cursor(u_group)
-        while row < b_count * hn:
-            b = row // hn
-            h = row % hn
+        lane, h, b, b_step = cursor(u_group)
+        while h < hn and b < b_count:
             if write_lse and lane == 0:
                 m, _, total = row_weights(lses[:, b, u64(self_rank) * hn + h], base_e)
                 out_lse[b, h] = global_lse(total, m, base_e)
@@ -116,7 +113,7 @@ def _finish_kernel(codec, group):
                     if d < d_count:
                         dst[d] = encode(src[d], src[d])
                 base += u_step
-            row += row_step
+            b += b_step
 
     return finish
 
@@ -196,7 +193,7 @@ def correct_launch(dtype, data, lses, self_rank, is_lse_base_on_e, corrected):
         raise ValueError(f"lses must be [N, B, H] and corrected [N, B, H/N, D] for data "
                          f"{tuple(data.shape)} (got {lses.shape} and {corrected.shape})")
     group = lanes_per_row(data.shape[2])
-    grid, block = row_grid(data.shape[0] * data.shape[1], group)
+    grid, block = tile_grid(h // n, b, group, n)
     return correct_kernel(dtype, group), grid, block, (
         data, lses, int(self_rank), int(bool(is_lse_base_on_e)), corrected)
 
@@ -216,7 +213,7 @@ def finish_launch(dtype, summed, lses, self_rank, is_lse_base_on_e, out, out_lse
     if not write_lse:  # never written: a placeholder of the right type
         out_lse = DeviceArray(out.ptr, (0, 0), (4, 4), np.float32, out.owner)
     group = lanes_per_row(summed.shape[2])
-    grid, block = row_grid(summed.shape[0] * summed.shape[1], group)
+    grid, block = tile_grid(summed.shape[1], summed.shape[0], group)
     return finish_kernel(dtype, group), grid, block, (
         summed, lses, int(self_rank), int(bool(is_lse_base_on_e)), int(write_lse), out, out_lse)
 

@@ -11,133 +11,35 @@ The received buffer is seen twice: as values (float32, float16, the bfloat16
 bits as uint16, or pairs of 16-bit values as uint32 words) and as bits (to read
 the LSE lanes).
 
-Two kernels: for N from 2 to :data:`MAX_STATIC_SHARDS` one built for its N
-(every loop over the shards unrolled, every shard's loads issued before any
-is weighed, a row's LSEs and weights held in registers), which for fewer than
-:data:`SLICED_ROWS` rows also splits each row over the grid's second
-dimension so that each lane has :data:`SLICED_UNROLL` values to move; for any
-other N one that walks the shards two at a time. Both give the same bits.
+Two kernels, giving the same bits: for N from 2 to :data:`MAX_STATIC_SHARDS`
+the one built for its N (``_slices``: every loop over the shards unrolled,
+every shard's loads issued before any is weighed, a row's LSEs and weights
+held in registers, each row split over the grid's y; below
+:data:`SLICED_ROWS` rows each lane has :data:`SLICED_UNROLL` values to move,
+else :data:`UNROLL`); for any other N one that walks the shards two at a
+time. Rows map to the grid by ``_rows.tile_grid``.
 """
 
 import functools
 
 import numpy as np
-from numba import cuda, float32, uint32
+from numba import cuda
 
 from numba.core import types
 
-from ._format import LSE_HALF_BITS, LSE_HALF_MASK, is_bfloat16
 from ._arrays import dummy_index, kernel_array, stream_ptr
-from ._device import device_functions, held_weights, inline_device, row_weights_of
+from ._codecs import (_BF16, _BF16X2, _F16, _F16X2, _F32, PAIRS, RAW, RAW_BITS,  # noqa: F401
+                      codec_functions, combine_codec)
+from ._device import device_functions, inline_device, row_weights_of
 from ._launch import DeviceArray, SpecializedKernel, array_type
-from ._rows import UNROLL, WARP, lanes_per_row, row_cursor, row_grid
+from ._rows import UNROLL, WARP, lanes_per_row, tile_cursor, tile_grid
+from ._slices import slices_kernel
 from ._specs import check_combine_args
 from ._trailer import WORDS, combine_checks
 
 __all__ = ["MAX_STATIC_SHARDS", "SLICED_ROWS", "SLICED_UNROLL", "codec_functions",
            "combine_codec", "combine_kernel", "combine_launch", "combine_variants", "lane_weights",
-           "row_accumulator", "shard_accumulator", "static_shards", "unpack_combine"]
-
-
-_F32, _F16, _BF16, _BF16X2 = "float32", "float16", "bfloat16", "bfloat16x2"
-_F16X2 = "float16x2"
-RAW = {_F32: np.float32, _F16: np.float16, _BF16: np.uint16, _BF16X2: np.uint32,
-       _F16X2: np.uint32}  # as loaded
-PAIRS = (_BF16X2, _F16X2)  # codecs whose uint32 words hold two values
-RAW_BITS = {codec: np.dtype(np.uint32 if np.dtype(raw).itemsize == 4 else np.uint16)
-            for codec, raw in RAW.items()}  # the buffer seen as bits
-
-
-@functools.cache
-def codec_functions(codec):
-    """Device functions that decode the low and high value of a loaded word, encode
-    one output word from two accumulators, and read one shard's LSE."""
-    f = device_functions()
-    as_float, as_bits = f["as_float"], f["as_bits"]
-    bf16_to_f32_bits, pack_bf16x2 = f["bf16_to_f32_bits"], f["pack_bf16x2"]
-    pack_f16x2, f16_low, f16_high = f["pack_f16x2"], f["f16_low"], f["f16_high"]
-    low16, high16, sixteen = np.uint32(0xFFFF), np.uint32(0xFFFF0000), np.uint32(16)
-    lse_mask, lse_shift = np.uint32(LSE_HALF_MASK), np.uint32(LSE_HALF_BITS)
-    jit = cuda.jit(device=True)
-
-    # ``lse_lanes(vals, bits, b, h, width)`` gives the row's LSE lanes as views over the
-    # ranks (the low and high half for 16-bit outputs); ``load_lse(low, high, r)`` reads one.
-    if codec in (_F32,) + PAIRS:
-        @jit
-        def lse_lanes(vals, bits, b, h, width):
-            lanes = vals[:, b, h, width - 1]
-            return lanes, lanes
-    else:
-        @jit
-        def lse_lanes(vals, bits, b, h, width):
-            return bits[:, b, h, width - 2], bits[:, b, h, width - 1]
-
-    if codec == _F32:
-        @jit
-        def load_lse(low, high, r):
-            return low[r]
-
-        @jit
-        def decode_lo(x):
-            return x
-
-        @jit
-        def encode(lo, hi):
-            return lo
-    elif codec in PAIRS:  # one uint32 word: two 16-bit values, or the LSE's bits
-        @jit
-        def load_lse(low, high, r):
-            return as_float(uint32(low[r]))
-
-        if codec == _BF16X2:
-            @jit
-            def decode_lo(x):
-                return as_float(uint32((uint32(x) & low16) << sixteen))
-
-            @jit
-            def encode(lo, hi):  # one cvt.rn.bf16x2.f32 (the sums' NaN is the canonical one)
-                return pack_bf16x2(lo, hi)
-        else:
-            @jit
-            def decode_lo(x):
-                return f16_low(x)
-
-            @jit
-            def decode_hi(x):
-                return f16_high(x)
-
-            @jit
-            def encode(lo, hi):  # one cvt.rn.f16x2.f32, as the float16 stores round
-                return pack_f16x2(lo, hi)
-    else:
-        @jit
-        def load_lse(low, high, r):
-            return as_float(uint32((uint32(low[r]) & lse_mask)
-                                   | ((uint32(high[r]) & lse_mask) << lse_shift)))
-
-        if codec == _F16:
-            @jit
-            def decode_lo(x):
-                return float32(x)
-
-            @jit
-            def encode(lo, hi):
-                return lo  # the float16 store rounds to nearest even
-        else:
-            @jit
-            def decode_lo(x):
-                return as_float(uint32(bf16_to_f32_bits(x)))
-
-            @jit
-            def encode(lo, hi):
-                return pack_bf16x2(lo, lo) & low16
-
-    if codec != _F16X2:
-        @jit
-        def decode_hi(x):
-            return as_float(uint32(uint32(x) & high16))
-
-    return lse_lanes, load_lse, decode_lo, decode_hi, encode
+           "row_accumulator", "static_shards", "unpack_combine"]
 
 
 @functools.cache
@@ -204,39 +106,6 @@ def row_accumulator(codec, group=WARP, unroll=UNROLL):
 
 
 @functools.cache
-def shard_accumulator(codec, group=WARP, unroll=UNROLL):
-    """Device functions ``load_shard(buf, at, src, base, d_count)`` (one shard's values
-    into ``buf[at:at + unroll]``) and ``add_shard(acc, buf, at, w, base, d_count)``
-    (those values, weighted by ``w``, into the float32 accumulators; a zero weight
-    adds nothing, even NaN): :func:`row_accumulator`'s steps one shard at a time, for
-    the combine that loads every shard before it weighs any."""
-    _, _, decode_lo, decode_hi, _ = codec_functions(codec)
-    pairs = codec in PAIRS
-    zero = device_functions()["zero"]
-    u64 = np.uint64
-    u_group = u64(group)
-    jit = cuda.jit(device=True)
-
-    @jit
-    def load_shard(buf, at, src, base, d_count):
-        for k in range(unroll):
-            d = base + u64(k) * u_group
-            if d < d_count:
-                buf[at + k] = src[d]
-
-    @jit
-    def add_shard(acc, buf, at, w, base, d_count):
-        if w != zero:
-            for k in range(unroll):
-                if base + u64(k) * u_group < d_count:
-                    acc[k] += w * decode_lo(buf[at + k])
-                    if pairs:
-                        acc[unroll + k] += w * decode_hi(buf[at + k])
-
-    return load_shard, add_shard
-
-
-@functools.cache
 def _combine_kernel(codec, group=WARP, unroll=UNROLL):
     f = device_functions()
     accumulators = 2 * unroll  # low and high value of each word in pairs mode
@@ -246,7 +115,7 @@ def _combine_kernel(codec, group=WARP, unroll=UNROLL):
     row_weights = lane_weights(codec)
     global_lse, shard_weight, zero = f["global_lse"], f["shard_weight"], f["zero"]
     step = group * unroll
-    cursor = row_cursor()
+    cursor = tile_cursor()
 
     begin_checks, finish_checks = combine_checks(RAW_BITS[codec].itemsize == 2)
 
@@ -260,22 +129,19 @@ def _combine_kernel(codec, group=WARP, unroll=UNROLL):
         n = u64(vals.shape[0])
         hn = u64(vals.shape[2])
         tokens = u64(out.shape[0])
-        rows = tokens * hn
         # A plan's trailer rows: did every peer sign as rank 0? Threads 0 .. (N-1) * WORDS
-        # - 1 compare a word each; they load both before their rows and compare after, so
-        # that no row waits on those loads.
-        signed = u64(vals.shape[1]) > tokens
+        # - 1 of the first token's blocks compare a word each; they load both before their
+        # rows and compare after, so that no row waits on those loads.
+        signed = cuda.blockIdx.z == 0 and u64(vals.shape[1]) > tokens
         checks = (n - u_one) * u_words if signed else u64(0)
         t, t_step, count, ours, theirs = begin_checks(bits, state, tokens, signed, checks)
         width = u64(vals.shape[3])
         d_count = u64(out.shape[2])
-        lane, row, row_step = cursor(u_group)
+        lane, h, b, b_step = cursor(u_group)
         acc = cuda.local.array(accumulators, np.float32)
         first = cuda.local.array(unroll, raw)
         second = cuda.local.array(unroll, raw)
-        while row < rows:  # one lane group per (token, head) row; no synchronisation
-            b = row // hn
-            h = row % hn
+        while h < hn and b < tokens:  # a lane group per (token, head) row; no synchronisation
             dst = out[b, h]
             low, high = lse_lanes(vals, bits, b, h, width)
             m = zero
@@ -303,7 +169,7 @@ def _combine_kernel(codec, group=WARP, unroll=UNROLL):
                     r += u_two
                 store_row(dst, acc, base, d_count)
                 base += u_step
-            row += row_step
+            b += b_step
         finish_checks(bits, status, state, tokens, signed, checks, t, t_step, count, ours,
                       theirs)
 
@@ -311,6 +177,7 @@ def _combine_kernel(codec, group=WARP, unroll=UNROLL):
 
 
 MAX_STATIC_SHARDS = 8  # up to this N the combine is built for its N (every shard's loads first)
+SLICED_UNROLL = 2  # the values a lane and shard of the combine for its N, for few rows
 
 
 def static_shards(n):
@@ -319,104 +186,7 @@ def static_shards(n):
     return int(n) if 2 <= int(n) <= MAX_STATIC_SHARDS else 0
 
 
-SLICED_UNROLL = 2  # the values per lane of the combine that splits its rows over warps
 SLICED_ROWS = 4 * 132  # below this many rows the combine splits them (MAX_BLOCKS' H200)
-
-
-@functools.cache
-def _combine_shards_kernel(codec, shards, group=WARP, unroll=UNROLL):
-    """The combine for exactly ``shards`` ranks, every loop over them unrolled: a
-    step's loads of every shard are issued before any is weighed (the pairwise loop
-    of :func:`_combine_kernel` waits for each pair's sums before it loads the next
-    pair), and a row's LSEs are read once into registers, each weight computed once
-    (``held_weights``). The same sums in the same order, so the same bits.
-
-    The grid's second dimension splits each row: block ``(x, y)`` handles the
-    values ``y * S, (y + Y) * S, ...`` (``S = group * unroll``, ``Y = gridDim.y``)
-    of its rows; only ``y = 0`` writes the global LSE and checks the trailer.
-    Few rows then still give every lane little to do (:data:`SLICED_UNROLL`)."""
-    f = device_functions()
-    accumulators = 2 * unroll
-    lse_lanes, load_lse = codec_functions(codec)[:2]
-    store_row = row_accumulator(codec, group, unroll)[2]
-    load_shard, add_shard = shard_accumulator(codec, group, unroll)
-    raw = RAW[codec]
-    weigh = held_weights()
-    global_lse, zero = f["global_lse"], f["zero"]
-    cursor = row_cursor()
-    begin_checks, finish_checks = combine_checks(RAW_BITS[codec].itemsize == 2)
-
-    u64 = np.uint64
-    u_step, u_one = u64(group * unroll), u64(1)
-    u_words = u64(WORDS)
-    n = u64(shards)
-    loaded = shards * unroll  # every shard's values of one step
-
-    @cuda.jit
-    def combine(vals, bits, out, out_lse, write_lse, base_e, status, state):
-        hn = u64(vals.shape[2])
-        tokens = u64(out.shape[0])
-        rows = tokens * hn
-        first_slice = cuda.blockIdx.y == 0
-        signed = first_slice and u64(vals.shape[1]) > tokens  # as in _combine_kernel
-        checks = (n - u_one) * u_words if signed else u64(0)
-        t, t_step, count, ours, theirs = begin_checks(bits, state, tokens, signed, checks)
-        width = u64(vals.shape[3])
-        d_count = u64(out.shape[2])
-        lane, row, row_step = cursor(u64(group))
-        start = lane + u64(cuda.blockIdx.y) * u_step
-        slice_step = u64(cuda.gridDim.y) * u_step
-        acc = cuda.local.array(accumulators, np.float32)
-        buf = cuda.local.array(loaded, raw)
-        lses = cuda.local.array(shards, np.float32)
-        weights = cuda.local.array(shards, np.float32)
-        while row < rows:
-            b = row // hn
-            h = row % hn
-            dst = out[b, h]
-            low, high = lse_lanes(vals, bits, b, h, width)
-            weighed = False
-            base = start
-            while base < d_count:
-                for k in range(accumulators):
-                    acc[k] = zero
-                for r in range(shards):
-                    load_shard(buf, r * unroll, vals[u64(r), b, h], base, d_count)
-                if not weighed:
-                    for r in range(shards):
-                        lses[r] = load_lse(low, high, u64(r))
-                    m, total = weigh(lses, weights, shards, base_e)
-                    if write_lse and first_slice and lane == 0:
-                        out_lse[b, h] = global_lse(total, m, base_e)
-                    weighed = True
-                for r in range(shards):
-                    add_shard(acc, buf, r * unroll, weights[r], base, d_count)
-                store_row(dst, acc, base, d_count)
-                base += slice_step
-            row += row_step
-        finish_checks(bits, status, state, tokens, signed, checks, t, t_step, count, ours,
-                      theirs)
-
-    return combine
-
-
-def combine_codec(dtype, pairs=False):
-    """The codec (how the kernels decode and encode values) for output ``dtype``,
-    and the dtype it sees values as.
-
-    ``pairs``: bfloat16 or float16 read and written as uint32 words of two values
-    (when ``D`` is even and the output's rows are contiguous and 4-byte aligned).
-    """
-    dtype = np.dtype(dtype)
-    if dtype == np.float32:
-        return _F32, dtype
-    if dtype == np.float16:
-        return (_F16X2, np.dtype(np.uint32)) if pairs else (_F16, dtype)
-    if not is_bfloat16(dtype):
-        raise TypeError(f"output dtype must be float16, bfloat16 or float32 (got {dtype})")
-    if pairs:
-        return _BF16X2, np.dtype(np.uint32)
-    return _BF16, np.dtype(np.uint16)
 
 
 @functools.cache
@@ -424,28 +194,31 @@ def combine_kernel(dtype, pairs=False, group=WARP, shards=0, unroll=UNROLL):
     """The combine kernel specialised for output ``dtype`` (and 16-bit pairs),
     ``group`` lanes per row and, where ``shards`` (2 to :data:`MAX_STATIC_SHARDS`),
     for exactly that many ranks (0: any) with ``unroll`` values per lane and step
-    (:data:`SLICED_UNROLL` for the kernel that splits rows over its grid's
-    second dimension)."""
+    (:data:`SLICED_UNROLL` for few rows, :data:`UNROLL` for many); the kernel for
+    exactly N (``_slices``) splits rows over its grid's y and takes flat views of
+    the received buffer too."""
     codec, value = combine_codec(dtype, pairs)
     bits = np.dtype(np.uint32 if value.itemsize == 4 else np.uint16)
     i64 = types.int64
     argtypes = (array_type(value, 4, True), array_type(bits, 4, True),
                 array_type(value, 3, False), array_type(np.float32, 2, False), i64, i64,
                 array_type(np.int64, 1, True), array_type(np.int64, 1, True))
-    body = _combine_shards_kernel(codec, shards, group, unroll) if shards else \
-        _combine_kernel(codec, group)
-    return SpecializedKernel(body, argtypes)
+    if shards:
+        return SpecializedKernel(slices_kernel(codec, shards, group, unroll), argtypes + (
+            array_type(value, 1, True), array_type(bits, 1, True)))
+    return SpecializedKernel(_combine_kernel(codec, group), argtypes)
 
 
 def _combine_shape(elements, rows, shards):
     """``(group, unroll, slices)`` of the combine of ``rows`` rows of ``elements`` values
-    (words in pairs) by the kernel for ``shards`` (:func:`static_shards`): whole rows
-    (``slices`` 0, a 1-D grid), or for few rows each split into ``slices`` along the
-    grid's second dimension."""
-    if shards and rows < SLICED_ROWS:  # few rows: split them, little work per lane
-        group = lanes_per_row(elements, SLICED_UNROLL)
-        return group, SLICED_UNROLL, -(-elements // (group * SLICED_UNROLL))
-    return lanes_per_row(elements), UNROLL, 0
+    (words in pairs) by the kernel for ``shards`` (:func:`static_shards`): each row
+    split into ``slices`` along the grid's y (the kernel for exactly N), few values a
+    lane for few rows; or whole rows (``slices`` 0: the kernel for any N)."""
+    if not shards:
+        return lanes_per_row(elements), UNROLL, 0
+    unroll = SLICED_UNROLL if rows < SLICED_ROWS else UNROLL
+    group = lanes_per_row(elements, unroll)
+    return group, unroll, -(-elements // (group * unroll))
 
 
 def combine_variants(elements, shards):
@@ -507,9 +280,10 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None
     shards = static_shards(recv_vals.shape[0])
     rows = out.shape[0] * out.shape[1]
     group, unroll, slices = _combine_shape(out.shape[2], rows, shards)
-    grid, block = row_grid(rows, group)
-    if slices:
-        grid = grid + (slices,)
+    grid, block = tile_grid(out.shape[1], out.shape[0], group, slices)
     kernel = combine_kernel(dtype, codec in PAIRS, group, shards, unroll)
-    return kernel, grid, block, (recv_vals, recv_bits, out, out_lse, int(write_lse),
-                                 int(bool(is_lse_base_on_e)), status, state)
+    args = (recv_vals, recv_bits, out, out_lse, int(write_lse), int(bool(is_lse_base_on_e)),
+            status, state)
+    if shards:  # the kernel for exactly N reads the buffer through flat views
+        args += (recv_vals.flat(), recv_bits.flat())
+    return kernel, grid, block, args

@@ -4,11 +4,14 @@
 must match ``lse_weighted_combine`` (within ``assert_combine_close``), over
 tiny shapes, every dtype, both LSE bases, NaN (any payload) / +inf / -inf LSEs
 placed per (rank, token, head), NaN or inf partials in rows whose LSE is
-empty, strided and misaligned inputs and outputs, and ``seq_lens`` /
-``query_start_loc`` masks. Runs only in a process started with
+empty, strided and misaligned inputs and outputs, ``seq_lens`` /
+``query_start_loc`` masks, and grids capped so that blocks loop over tokens
+(the pack then packs two tokens' rows a trip). Runs only in a process started with
 NUMBA_ENABLE_CUDASIM=1 (see ``tests/test_simulator.py``); NumPy arrays stand for
 device arrays. The examples are derandomized, so every run draws the same ones.
 """
+
+import contextlib
 
 import numpy as np
 import pytest
@@ -44,7 +47,23 @@ def sizes(draw):
     n = draw(st.integers(1, 4))
     return dict(n=n, B=draw(st.integers(1, 4)), hn=draw(st.integers(1, 3)),
                 D=draw(st.sampled_from(HEAD_DIMS)), dtype=draw(st.sampled_from(DTYPES)),
-                regime=draw(st.sampled_from(LSE_REGIMES)), seed=draw(st.integers(0, 2**32 - 1)))
+                regime=draw(st.sampled_from(LSE_REGIMES)), seed=draw(st.integers(0, 2**32 - 1)),
+                max_blocks=draw(st.sampled_from([None, 1, 2])))
+
+
+@contextlib.contextmanager
+def _grid_cap(max_blocks):
+    """Kernels launched on about ``max_blocks`` blocks at most (``None``: as many as
+    they take), so that their blocks loop over the tokens."""
+    from cupy_dcp.kernels import _rows
+
+    saved = _rows.MAX_BLOCKS
+    if max_blocks is not None:
+        _rows.MAX_BLOCKS = max_blocks
+    try:
+        yield
+    finally:
+        _rows.MAX_BLOCKS = saved
 
 
 def _specials(draw, ranks, tokens, heads):
@@ -147,7 +166,8 @@ def test_pack_send_is_bit_exact(case):
     if self_rank is not None:
         mask_args.update(recv=recv, self_rank=self_rank)
 
-    pack_send(x, lse, send, **mask_args)
+    with _grid_cap(case["max_blocks"]):
+        pack_send(x, lse, send, **mask_args)
 
     ubits = bits_dtype(dtype)
     expect = pack_reference(xs[0], lses[0], n, mask=mask).view(ubits)
@@ -206,7 +226,8 @@ def test_unpack_combine_matches_the_oracle(case):
     out = _strided_copy(_sentinel((B, hn, D), dtype, rng), case["out_layout"])
     out_lse = np.full((B, hn), np.nan, dtype=np.float32) if case["return_lse"] else None
 
-    unpack_combine(recv, out, out_lse, is_lse_base_on_e=case["base_e"])
+    with _grid_cap(case["max_blocks"]):
+        unpack_combine(recv, out, out_lse, is_lse_base_on_e=case["base_e"])
 
     _check_combined(out, out_lse, xs, lses, dtype, case["base_e"])
 
@@ -239,14 +260,16 @@ def test_pack_exchange_combine_matches_the_oracle(case):
             seq_lens, qsl = case["masks"][k]
             mask_args = dict(seq_lens=seq_lens, query_start_loc=qsl)
             masked[k, row_mask(B, seq_lens, qsl)] = -np.inf
-        pack_send(_strided_copy(xs[k], case["layout"]), lses[k], send, **mask_args)
+        with _grid_cap(case["max_blocks"]):
+            pack_send(_strided_copy(xs[k], case["layout"]), lses[k], send, **mask_args)
         sends.append(send)
 
     for r in range(n):
         heads = slice(r * hn, (r + 1) * hn)
         out = np.full((B, hn, D), np.nan, dtype=dtype)
         out_lse = np.full((B, hn), np.nan, dtype=np.float32)
-        unpack_combine(np.stack([s[r] for s in sends]), out, out_lse,
-                       is_lse_base_on_e=case["base_e"])
+        with _grid_cap(case["max_blocks"]):
+            unpack_combine(np.stack([s[r] for s in sends]), out, out_lse,
+                           is_lse_base_on_e=case["base_e"])
         _check_combined(out, out_lse, xs[:, :, heads], masked[:, :, heads], dtype,
                         case["base_e"])
