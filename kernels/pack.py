@@ -4,8 +4,10 @@
 the float32 LSE's bits (see ``_format``). The kernel copies bit
 patterns (uint16 or uint32), so one kernel serves every dtype.
 
-A group of lanes per (rank, token, head) row (see ``_rows``), which writes it
-with :func:`packed_row_writer`.
+A group of lanes per (rank, token, head) row, found from the grid alone
+(``_rows.tile_grid``: heads along x, ranks along y, tokens along z); it writes
+its row through a flat view of the buffer. :func:`packed_row_steps` holds the
+row steps that the direct path's tiles kernel shares.
 """
 
 import functools
@@ -20,7 +22,7 @@ from ._device import device_functions
 from ._format import LSE_HALF_BITS, LSE_HALF_MASK
 from ._launch import SpecializedKernel, array_type
 from ._math import NEG_INF_BITS
-from ._rows import UNROLL, WARP, lanes_per_row, row_cursor, row_grid
+from ._rows import UNROLL, WARP, lanes_per_row, tile_grid
 from ._specs import check_pack_args
 from ._trailer import CALL, TOKENS, WORDS, trailer_functions
 from ._vector import QUAD, vector_functions
@@ -34,15 +36,16 @@ MAX_REGISTERS = 64  # a pack thread's (at 78, as NVVM left it, 6 blocks fit an S
 def lse_bits_reader():
     """Device function ``row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc,
     num_seqs)``: the uint32 bits that a packed row carries for its LSE:
-    ``lse_bits[b, head]``, or ``-inf``'s for an empty or padding token ``b``."""
+    ``lse_bits[b, head]``, or ``-inf``'s for an empty or padding token ``b``. The
+    LSE loads beside the mask's loads (it is read either way), not after them."""
     row_is_empty = device_functions()["row_is_empty"]
     neg_inf_bits = np.uint32(NEG_INF_BITS)
 
     @cuda.jit(device=True)
     def row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc, num_seqs):
-        if row_is_empty(np.int64(b), seq_lens, query_start_loc, num_seqs):
-            return neg_inf_bits
-        return np.uint32(lse_bits[b, head])
+        bits = np.uint32(lse_bits[b, head])
+        empty = row_is_empty(np.int64(b), seq_lens, query_start_loc, num_seqs)
+        return neg_inf_bits if empty else bits
 
     return row_lse_bits
 
@@ -57,11 +60,8 @@ def packed_row_steps(group=WARP, quads=False):
     and the bits of ``lse_bits[b, head]`` (``-inf`` for an empty or padding
     token ``b``) in ``dst[D:]``, for rows of ``group`` lanes; ``loaded``:
     ``buf`` already holds the lane's first step (``load_first_step``), so its
-    stores need not wait for loads issued here; and ``write_packed_row_early(src,
-    dst, lse_bits, b, head, seq_lens, query_start_loc, num_seqs, lane, d_count,
-    width, buf)``: the same row, whose first step's loads are issued before lane 0
-    reads the LSE (and searches a mask), so that those loads overlap (the pack's;
-    ``vector`` False).
+    stores need not wait for loads issued here. Used by the direct path's tiles
+    kernel.
 
     Each lane moves ``UNROLL`` elements per step, loading them all before it
     stores any, so that enough loads are in flight to run at memory bandwidth.
@@ -157,138 +157,164 @@ def packed_row_steps(group=WARP, quads=False):
             write_lse_lanes(dst, row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc,
                                               num_seqs), d_count, width)
 
-    @jit
-    def write_packed_row_early(src, dst, lse_bits, b, head, seq_lens, query_start_loc,
-                               num_seqs, lane, d_count, width, buf):
-        load_first_step(src, buf, lane, d_count, False)
-        bits = np.uint32(0)
-        if lane == 0:  # the LSE (and a mask's search) loads while the first step's do
-            bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)
-        write_row_data(src, dst, lane, d_count, buf, True, False)
-        if lane == 0:
-            write_lse_lanes(dst, bits, d_count, width)
-
-    return load_first_step, write_packed_row_from, write_packed_row_early
-
-
-@functools.cache
-def packed_row_writer(group=WARP):
-    """Device function ``write_packed_row(src, dst, lse_bits, b, head, seq_lens,
-    query_start_loc, num_seqs, lane, d_count, width)``: this lane's share of one
-    packed row (:func:`packed_row_steps`), loaded here. Used by the pack kernel."""
-    write_packed_row_early = packed_row_steps(group)[2]
-
-    @cuda.jit(device=True)
-    def write_packed_row(src, dst, lse_bits, b, head, seq_lens, query_start_loc, num_seqs,
-                         lane, d_count, width):
-        buf = cuda.local.array(UNROLL, dst.dtype)
-        write_packed_row_early(src, dst, lse_bits, b, head, seq_lens, query_start_loc,
-                               num_seqs, lane, d_count, width, buf)
-
-    return write_packed_row
-
-
-@functools.cache
-def wide_row_writer(group=WARP):
-    """Device function ``write_packed_row`` of :func:`packed_row_writer`, for rows of
-    more than one step (``D > group * UNROLL`` elements: float32 at D = 512, 16-bit
-    words at D = 576): each lane loads two steps, then stores them, so that a
-    row costs one memory round trip for every two steps instead of one a step."""
-    row_lse_bits = lse_bits_reader()
-    lse_mask, lse_shift = np.uint32(LSE_HALF_MASK), np.uint32(LSE_HALF_BITS)
-    u64 = np.uint64
-    u_group, u_step, u_one = u64(group), u64(group * UNROLL), u64(1)
-    held = 2 * UNROLL  # two steps' elements a lane: lane, lane + group, ...
-
-    @cuda.jit(device=True)
-    def write_packed_row(src, dst, lse_bits, b, head, seq_lens, query_start_loc, num_seqs,
-                         lane, d_count, width):
-        buf = cuda.local.array(held, dst.dtype)
-        bits = np.uint32(0)
-        base = lane
-        while base < d_count:
-            for k in range(held):
-                d = base + u64(k) * u_group
-                if d < d_count:
-                    buf[k] = src[d]
-            if lane == 0 and base == u64(0):  # the LSE (and a mask's search) loads meanwhile
-                bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)
-            for k in range(held):
-                d = base + u64(k) * u_group
-                if d < d_count:
-                    dst[d] = buf[k]
-            base += u_step + u_step
-        if lane == 0:
-            if width - d_count == u_one:
-                dst[d_count] = bits
-            else:
-                dst[d_count] = bits & lse_mask
-                dst[d_count + u_one] = (bits >> lse_shift) & lse_mask
-
-    return write_packed_row
+    return load_first_step, write_packed_row_from
 
 
 @functools.cache
 def _pack_kernel(group=WARP, half=False, wide=False):
-    write_packed_row = wide_row_writer(group) if wide else packed_row_writer(group)
-    cursor = row_cursor()
+    row_lse_bits = lse_bits_reader()
     put_word, _, flat_thread, _ = trailer_functions(half)
+    lse_mask, lse_shift = np.uint32(LSE_HALF_MASK), np.uint32(LSE_HALF_BITS)
 
-    u64 = np.uint64
+    u32, u64 = np.uint32, np.uint64
     u_group, u_words, u_tokens, u_call = u64(group), u64(WORDS), u64(TOKENS), u64(CALL)
+    per_warp, u_one = u32(WARP // group), u32(1)
+    held = 2 * UNROLL  # the elements a lane loads before it stores: two steps, or two rows
+    u_held_step = u32(held * group)
     low32 = np.int64(0xFFFFFFFF)
+    jit = cuda.jit(device=True)
+
+    # Offsets within a row are uint32, a row's first element uint64 (Numba widens
+    # integer arithmetic to 64 bits: each uint32 result is cast back, and NVVM then
+    # computes it in 32 bits).
+    @jit
+    def row_start(r, b, h, tokens, hn, width):
+        return u64(u32(u32(u32(r * tokens) + b) * hn) + h) * u64(width)
+
+    @jit
+    def put_lse(dst, at, bits, d_count, width):
+        end = at + u64(d_count)
+        if u32(width - d_count) == u_one:
+            dst[end] = bits
+        else:
+            dst[end] = bits & lse_mask
+            dst[end + u64(1)] = (bits >> lse_shift) & lse_mask
+
+    @jit
+    def load_row(src, buf, at, lane, d_count):
+        for k in range(UNROLL):
+            d = u32(lane + u32(k * group))
+            if d < d_count:
+                buf[at + k] = src[d]
+
+    @jit
+    def store_row(dst, at, buf, offset, lane, d_count):
+        for k in range(UNROLL):
+            d = u32(lane + u32(k * group))
+            if d < d_count:
+                dst[at + u64(d)] = buf[offset + k]
+
+    @jit
+    def pack_rows(data, lse_bits, seq_lens, query_start_loc, num_seqs, dst, r, h, b, b_count,
+                  tokens, hn, width, d_count, lane, buf):
+        """This lane's share of the rows ``(r, b, h)`` of tokens ``b, b + Z, ...`` (``Z``
+        the grid's z), into the flat chunks ``dst``. Every load of a trip is issued
+        before its first store: a trip is two steps of one row (``wide``) or one step
+        of two rows, so that each lane has ``held`` loads in flight; lane 0 loads the
+        LSE bits (and searches a mask) meanwhile."""
+        head = u32(u32(r * hn) + h)
+        z = u32(cuda.gridDim.z)
+        while b < b_count:
+            src = data[b, head]
+            at = row_start(r, b, h, tokens, hn, width)
+            bits = np.uint32(0)
+            if wide:
+                base = lane
+                while base < d_count:
+                    for k in range(held):
+                        d = u32(base + u32(k * group))
+                        if d < d_count:
+                            buf[k] = src[d]
+                    if lane == u32(0) and base == u32(0):
+                        bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc,
+                                            num_seqs)
+                    for k in range(held):
+                        d = u32(base + u32(k * group))
+                        if d < d_count:
+                            dst[at + u64(d)] = buf[k]
+                    base = u32(base + u_held_step)
+                if lane == u32(0):
+                    put_lse(dst, at, bits, d_count, width)
+                b = u32(b + z)
+            else:
+                second = u32(b + z)
+                two = second < b_count
+                load_row(src, buf, 0, lane, d_count)
+                if two:
+                    load_row(data[second, head], buf, UNROLL, lane, d_count)
+                bits_two = np.uint32(0)
+                if lane == u32(0):
+                    bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)
+                    if two:
+                        bits_two = row_lse_bits(lse_bits, second, head, seq_lens,
+                                                query_start_loc, num_seqs)
+                store_row(dst, at, buf, 0, lane, d_count)
+                if lane == u32(0):
+                    put_lse(dst, at, bits, d_count, width)
+                if two:
+                    at = row_start(r, second, h, tokens, hn, width)
+                    store_row(dst, at, buf, UNROLL, lane, d_count)
+                    if lane == u32(0):
+                        put_lse(dst, at, bits_two, d_count, width)
+                b = u32(second + z)
 
     # At most 64 registers (the linker's cap; the PTX is the same): 8 blocks of 128
     # threads fit an SM instead of 6, so that 1024 blocks (B = 32 at H = 128) run in
     # one wave. The simulator takes no such option.
     limits = {} if config.ENABLE_CUDASIM else {"max_registers": MAX_REGISTERS}
 
-    # Indices are unsigned so that Numba emits no negative-index wraparound.
     @cuda.jit(**limits)
     def pack(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank,
-             signature, state):
-        b_count = u64(data.shape[0])
-        hn = u64(send.shape[2])
-        # A plan's trailer rows: threads 0 .. N * WORDS - 1 sign every chunk. They load
-        # what they write before their rows and write it after, so that no row waits on
-        # those loads. state[0] is read here and written only by the combine, state[1]
-        # the reverse: no thread of a kernel reads a word another of its threads writes.
-        words = u64(send.shape[0]) * u_words if u64(send.shape[1]) > b_count else u64(0)
-        t, t_step = flat_thread()
+             signature, state, send_flat, recv_flat):
+        b_count = u32(data.shape[0])
+        hn = u32(send.shape[2])
+        # A plan's trailer rows: threads 0 .. N * WORDS - 1 of the blocks of the first rank
+        # and token sign every chunk. They load what they write before their rows and
+        # write it after, so that no row waits on those loads. state[0] is read here and
+        # written only by the combine, state[1] the reverse: no thread of a kernel reads a
+        # word another of its threads writes. The other blocks skip even the set-up.
+        signs = cuda.blockIdx.y == 0 and cuda.blockIdx.z == 0 and \
+            u64(send.shape[1]) > u64(b_count)
+        words = u64(send.shape[0]) * u_words if signs else u64(0)
+        t = t_step = u64(0)
         count = np.int64(0)
         word = np.uint32(0)
-        if t < words:
-            count = state[0]
-            word = np.uint32(signature[t % u_words])
-        rows = u64(send.shape[0]) * b_count * hn
-        width = u64(send.shape[3])
-        d_count = u64(data.shape[2])
-        lane, row, row_step = cursor(u_group)
-        while row < rows:
-            h = row % hn
-            b = (row // hn) % b_count
-            r = row // (b_count * hn)
-            head = r * hn + h
+        if signs:
+            t, t_step = flat_thread()
+            if t < words:
+                count = state[0]
+                word = np.uint32(signature[t % u_words])
+        tx = u32(cuda.threadIdx.x)
+        lane = u32(tx % u_group)
+        warp = u32(u32(cuda.blockIdx.x) * u32(cuda.blockDim.y) + u32(cuda.threadIdx.y))
+        h = u32(u32(warp * per_warp) + u32(tx // u_group))
+        r = u32(cuda.blockIdx.y)  # the grid's y: the rank a chunk goes to
+        buf = cuda.local.array(held, send_flat.dtype)
+        if h < hn:
             # our own chunk skips the exchange: it goes straight to the receive buffer
-            dst = recv[r, b, h] if self_rank >= 0 and r == u64(self_rank) else send[r, b, h]
-            write_packed_row(data[b, head], dst, lse_bits, b, head, seq_lens, query_start_loc,
-                             num_seqs, lane, d_count, width)
-            row += row_step
+            # (each buffer on its own path, so that the stores are known to be global)
+            own = self_rank >= 0 and r == u32(self_rank)
+            args = (r, h, u32(cuda.blockIdx.z), b_count, u32(send.shape[1]), hn,
+                    u32(send.shape[3]), u32(data.shape[2]), lane, buf)
+            if own:
+                pack_rows(data, lse_bits, seq_lens, query_start_loc, num_seqs, recv_flat, *args)
+            else:
+                pack_rows(data, lse_bits, seq_lens, query_start_loc, num_seqs, send_flat, *args)
         if t < words:
             if t == u64(0):
                 state[1] = count
             call = np.uint32(count & low32)
             while True:
-                r, f = t // u_words, t % u_words
+                chunk, f = t // u_words, t % u_words
                 value = word
                 if f == u_tokens:
                     value = np.uint32(b_count)
                 elif f == u_call:
                     value = call
-                if self_rank >= 0 and r == u64(self_rank):
-                    put_word(recv, r, b_count, f, value)
+                if self_rank >= 0 and chunk == u64(self_rank):
+                    put_word(recv, chunk, u64(b_count), f, value)
                 else:
-                    put_word(send, r, b_count, f, value)
+                    put_word(send, chunk, u64(b_count), f, value)
                 t += t_step
                 if t >= words:
                     break
@@ -300,14 +326,17 @@ def _pack_kernel(group=WARP, half=False, wide=False):
 @functools.cache
 def pack_kernel(bits, group=WARP, wide=False):
     """The pack kernel specialised for element bits ``bits`` (uint16 or uint32),
-    ``group`` lanes per row and rows of more than one step (``wide``: see
-    :func:`wide_row_writer`; :func:`pack_launch` picks it for ``D > group *
-    UNROLL``)."""
+    ``group`` lanes per row and rows of more than one step (``wide``: each lane
+    loads two steps, then stores them, so that a row costs one memory round trip
+    for every two steps; :func:`pack_launch` picks it for ``D > group * UNROLL``:
+    float32 at D = 512, 16-bit words at D = 576). Its arguments are
+    :func:`pack_launch`'s, then flat (1-D) views of ``send`` and ``recv``."""
     i64 = types.int64
     argtypes = (array_type(bits, 3, False), array_type(np.uint32, 2, False),
                 array_type(np.int64, 1, True), array_type(np.int64, 1, True), i64,
                 array_type(bits, 4, True), array_type(bits, 4, True), i64,
-                array_type(np.int64, 1, True), array_type(np.int64, 1, True))
+                array_type(np.int64, 1, True), array_type(np.int64, 1, True),
+                array_type(bits, 1, True), array_type(bits, 1, True))
     return SpecializedKernel(_pack_kernel(group, np.dtype(bits).itemsize == 2, bool(wide)),
                              argtypes)
 
@@ -387,7 +416,7 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
             data, send, recv = words
     signature, state = (dummy_index(), dummy_index()) if signed is None else signed
     group = lanes_per_row(data.shape[2])
-    grid, block = row_grid(send.shape[0] * data.shape[0] * send.shape[2], group)
+    grid, block = tile_grid(send.shape[2], data.shape[0], group, send.shape[0])
     return pack_kernel(data.dtype, group, wide_rows(data.shape[2])), grid, block, (
         data, lse_bits, seq_lens, query_start_loc, int(num_seqs), send, recv, int(self_rank),
-        signature, state)
+        signature, state, send.flat(), recv.flat())

@@ -51,7 +51,7 @@ def _tile_pushes(n, push_group, halves):
     """Device functions ``preload_push`` (a thread's first push step, loaded early)
     and ``push_and_release`` (a tile into every peer's slot, then its flags), for
     rows of ``push_group`` lanes of 16-bit elements where ``halves``."""
-    load_first_step, write_packed_row_from = packed_row_steps(push_group, quads=not halves)[:2]
+    load_first_step, write_packed_row_from = packed_row_steps(push_group, quads=not halves)
     peer_rank = rank_functions().peer_rank
     tile_cursor = _tile_cursor()
     store_release = sync_functions()["store_release"]
