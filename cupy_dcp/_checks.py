@@ -18,7 +18,45 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _shape(x):
-    return tuple(int(s) for s in x.shape)
+    return tuple(map(int, x.shape))
+
+
+def _remembered(table, dtype, judge):
+    """``judge(dtype)``, remembered in ``table`` per dtype: an eager call checks the
+    same few dtypes again and again (an unhashable one is judged every time)."""
+    try:
+        return table[dtype]
+    except (KeyError, TypeError):
+        pass
+    verdict = judge(dtype)
+    try:
+        table[dtype] = verdict
+    except TypeError:
+        pass
+    return verdict
+
+
+def _as_numpy(dtype):
+    try:
+        return as_dtype(dtype)
+    except TypeError:
+        return None
+
+
+def _judge_value(dtype):
+    """``dtype`` as a NumPy dtype if the kernels take it, else ``None``."""
+    dt = _as_numpy(dtype)
+    return dt if dt is not None and is_supported(dt) else None
+
+
+def _judge_lse(dtype):
+    """``dtype`` as a NumPy dtype if it is a float one, else ``None``."""
+    dt = _as_numpy(dtype)
+    return dt if dt is not None and (dt.kind == "f" or is_bfloat16(dt)) else None
+
+
+_VALUE_DTYPES = {}  # dtype -> _judge_value's verdict
+_LSE_DTYPES = {}  # dtype -> _judge_lse's verdict
 
 
 def _check_array(x, name):
@@ -34,11 +72,8 @@ def check_inputs(out, lse, world_size):
     shape = _shape(out)
     if len(shape) != 3:
         raise ValueError(f"cp_attn_out must be [B, H, D] (got shape {shape})")
-    try:
-        dtype = as_dtype(out.dtype)
-    except TypeError:
-        dtype = None
-    if dtype is None or not is_supported(dtype):
+    dtype = _remembered(_VALUE_DTYPES, out.dtype, _judge_value)
+    if dtype is None:
         raise TypeError(
             f"cp_attn_out dtype must be float16, bfloat16 or float32 (got {out.dtype})")
     B, H, D = shape
@@ -53,11 +88,8 @@ def check_inputs(out, lse, world_size):
 
 def lse_float32_dtype(dtype):
     """The LSE is converted to float32 from any float dtype; integers are refused."""
-    try:
-        dt = as_dtype(dtype)
-    except TypeError:
-        dt = None
-    if dt is None or not (dt.kind == "f" or is_bfloat16(dt)):
+    dt = _remembered(_LSE_DTYPES, dtype, _judge_lse)
+    if dt is None:
         raise TypeError(f"cp_attn_lse must be a float array (got dtype {dtype})")
     return dt
 

@@ -129,6 +129,8 @@ class _Plan:
             self._no_mask = dummy_index()
             self._views = {}
             self._ready = {}
+            self._results = {}  # B -> the result buffers' [:B] views that calls return
+            self._on_device = set()  # addresses _check_device found in this GPU's memory
             # compiled before any exchange buffer exists: nothing to undo
             kernels = self._warm_up(settings, device)
             self._allocate(cupy, settings, device, kernels)
@@ -211,10 +213,9 @@ class _Plan:
         if n == 1:
             return self._single(cp_attn_out, cp_attn_lse, out, out_lse, seq_lens,
                                 query_start_loc, stream)
-        result = self._result[:B] if out is None else out
-        result_lse = None
-        if self.return_lse:
-            result_lse = self._result_lse[:B] if out_lse is None else out_lse
+        result, result_lse = self._result_views(B)
+        result = result if out is None else out
+        result_lse = (result_lse if out_lse is None else out_lse) if self.return_lse else None
         if B > 0:
             import cupy
 
@@ -290,16 +291,33 @@ class _Plan:
 
         return x_bits, kernel_array(own, self._value), copy_out
 
+    def _result_views(self, tokens):
+        """``(result, result_lse)``: the plan's result buffers' views of ``tokens`` rows,
+        made once per ``tokens`` (a decode loop asks for the same few again and again)."""
+        views = self._results.get(tokens)
+        if views is None:
+            if len(self._results) >= _READY_KEPT:
+                self._results.clear()
+            views = self._results[tokens] = (self._result[:tokens], self._result_lse[:tokens])
+        return views
+
     def _check_device(self, **arrays):
         """Raise ``ValueError`` for an array in another GPU's memory: the kernels
-        would fault on it (or, with peer access, read it from afar)."""
+        would fault on it (or, with peer access, read it from afar). An address
+        found in this GPU's memory (or in none's) is not asked about again: a decode
+        loop passes the same few arrays at every call."""
         for name, arr in arrays.items():
+            if arr.ptr in self._on_device:
+                continue
             device = pointer_device(arr.ptr)
             if device is not None and device != self.comm.device:
                 raise ValueError(
                     f"{name} is in the memory of GPU {device}, but this plan runs on GPU "
                     f"{self.comm.device} (make that GPU current before creating the rank's "
                     f"arrays: cupy.cuda.Device(comm.device).use())")
+            if len(self._on_device) >= _READY_KEPT * 4:
+                self._on_device.clear()
+            self._on_device.add(arr.ptr)
 
     def _stage_inputs(self, tokens, lse, seq_lens, query_start_loc, ptr):
         """The LSE as float32 and the masks as contiguous int64, on the call's stream.
@@ -342,8 +360,13 @@ class _Plan:
         call must not replay afterwards); later calls raise. Idempotent; also the
         end of a ``with`` block."""
         self._closed = True
+        self._forget()
+
+    def _forget(self):
+        """Drop the calls made ready and the views and staging buffer made for them."""
         self._views = {}
         self._ready = {}
+        self._results = {}
         self._x_words = None
 
     def __enter__(self):
@@ -361,11 +384,9 @@ class _Plan:
 
         from ._single import single_device
 
-        B = x.shape[0]
-        result = self._result[:B] if out is None else out
-        result_lse = None
-        if self.return_lse:
-            result_lse = self._result_lse[:B] if out_lse is None else out_lse
+        result, result_lse = self._result_views(x.shape[0])
+        result = result if out is None else out
+        result_lse = (result_lse if out_lse is None else out_lse) if self.return_lse else None
         with cupy.cuda.Device(self.comm.device):
             bits, lse32 = single_device(x, lse, self.bits, seq_lens, query_start_loc, stream)
             with cupy_stream(stream_ptr(stream)):

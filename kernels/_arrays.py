@@ -18,12 +18,17 @@ __all__ = ["as_cupy", "cupy_stream", "cupy_view", "dummy_index", "kernel_array",
            "stream_ptr"]
 
 
+_CUPY = []  # CuPy, or None where it cannot be imported: looked up once
+
+
 def _cupy():
-    try:
-        import cupy
-    except ImportError:
-        return None
-    return cupy
+    if not _CUPY:
+        try:
+            import cupy
+        except ImportError:
+            cupy = None
+        _CUPY.append(cupy)
+    return _CUPY[0]
 
 
 def _cai(obj):
@@ -94,6 +99,9 @@ def kernel_array(obj, dtype, name="array"):
         return DeviceArray(host.ctypes.data, host.shape, host.strides, dtype, host)
     if isinstance(obj, np.ndarray):
         raise TypeError(f"{name} must be a device array (got numpy.ndarray)")
+    cupy = _cupy()
+    if cupy is not None and type(obj) is cupy.ndarray:  # the usual case: no interface dict
+        return DeviceArray(obj.data.ptr, obj.shape, obj.strides, dtype, obj)
     desc, owner = _cai(obj)
     shape = tuple(int(s) for s in desc["shape"])
     strides = desc.get("strides")

@@ -30,6 +30,9 @@ from . import _cache
 __all__ = ["DeviceArray", "LAUNCHERS", "SpecializedKernel", "choose_launcher"]
 
 
+_WORD = np.dtype(np.uint32)
+
+
 class DeviceArray:
     """A device array seen as ``dtype``: pointer, shape, byte strides and owner."""
 
@@ -37,7 +40,8 @@ class DeviceArray:
 
     def __init__(self, ptr, shape, strides, dtype, owner):
         self.ptr, self.shape, self.strides = ptr, tuple(shape), tuple(strides)
-        self.dtype, self.owner = np.dtype(dtype), owner
+        self.dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+        self.owner = owner
 
     def is_c_contiguous(self):
         """Do the strides describe a C-contiguous array (size-1 axes excepted)?"""
@@ -76,14 +80,16 @@ class DeviceArray:
         Possible when the last axis is contiguous with an even extent and every
         row starts 4-byte aligned: kernels then move twice the bytes per access.
         """
-        if self.dtype.itemsize != 2 or not self.shape or self.shape[-1] % 2:
+        shape, strides = self.shape, self.strides
+        if self.dtype.itemsize != 2 or not shape or shape[-1] % 2 or self.ptr % 4:
             return None
-        if self.strides[-1] != 2 and self.shape[-1] > 1:
+        if strides[-1] != 2 and shape[-1] > 1:
             return None
-        if self.ptr % 4 or any(s % 4 for s in self.strides[:-1]):
-            return None
-        return DeviceArray(self.ptr, self.shape[:-1] + (self.shape[-1] // 2,),
-                           self.strides[:-1] + (4,), np.uint32, self.owner)
+        for stride in strides[:-1]:
+            if stride % 4:
+                return None
+        return DeviceArray(self.ptr, shape[:-1] + (shape[-1] // 2,), strides[:-1] + (4,),
+                           _WORD, self.owner)
 
     def rows_aligned(self, alignment):
         """Does every row (the last axis) start on an ``alignment``-byte boundary and
@@ -116,7 +122,7 @@ class DeviceArray:
         return cuda.from_cuda_array_interface(desc, owner=self.owner, sync=False)
 
 
-LAUNCHERS = ("core", "driver", "cupy", "numba")
+LAUNCHERS = ("driver", "core", "cupy", "numba")
 _CHOSEN = []  # this process's launcher, once chosen
 
 
@@ -124,8 +130,8 @@ def choose_launcher(launcher=None):
     """This process's launcher, chosen once; every kernel made without a launcher of
     its own takes it.
 
-    ``"core"`` launches through ``cuda.core``, ``"driver"`` through the driver's
-    ``cuLaunchKernelEx`` (``cuda.bindings``), ``"cupy"`` through CuPy's driver
+    ``"driver"`` launches through the driver's ``cuLaunchKernelEx``
+    (``cuda.bindings``), ``"core"`` through ``cuda.core``, ``"cupy"`` through CuPy's driver
     module and ``"numba"`` through Numba's own launcher. ``launcher`` is one of
     :data:`LAUNCHERS`, or ``None``: the first of them that can run here (that is
     their order by host cost per launch). Under the CUDA simulator it is always
@@ -148,7 +154,7 @@ def choose_launcher(launcher=None):
 
 
 def _first_available():
-    for launcher, module in (("core", "cuda.core"), ("driver", "cuda.bindings.driver"),
+    for launcher, module in (("driver", "cuda.bindings.driver"), ("core", "cuda.core"),
                              ("cupy", "cupy")):
         try:
             __import__(module)
@@ -311,6 +317,10 @@ class _DriverLaunch:
                                    self._params.ctypes.data + 8 * count, 8, dtype=np.uint64)
         self._pointers_ptr = int(self._pointers.ctypes.data)
         self._lock = threading.Lock()  # the block and the configuration are shared
+        # a ready launch keeps the kernel of the context of its first launch (a plan's
+        # device, current at every call); another looks the context up at each launch
+        self._ready = flat is not None
+        self._function = None
         self._config = driver.CUlaunchConfig()
         if kernel.dependent:
             attribute = driver.CUlaunchAttribute()
@@ -330,7 +340,11 @@ class _DriverLaunch:
     def __call__(self, stream_ptr, dims=None, flat=None):
         """Launch on ``stream_ptr``, after setting the grid and block ``dims``
         (:func:`_dims`) and filling the parameters with ``flat`` where given."""
-        function = self._kernel._function_in_current_context()
+        function = self._function
+        if function is None:
+            function = self._kernel._function_in_current_context()
+            if self._ready:
+                self._function = function
         with self._lock:
             if flat is not None:
                 self._params[:] = flat

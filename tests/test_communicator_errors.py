@@ -66,18 +66,27 @@ def test_a_bad_lines_setting_is_a_plan_argument_error(monkeypatch):
 
 
 def test_plans_refuse_arrays_in_another_gpus_memory(monkeypatch):
-    """The device check of plan calls (the pointer query itself needs a GPU)."""
+    """The device check of plan calls (the pointer query itself needs a GPU): an address
+    found in the plan's GPU's memory (or in none's) is not asked about again, one in
+    another GPU's memory is refused every time."""
     from types import SimpleNamespace
 
     from cupy_dcp import plan as plan_module
     devices = {1: 1, 2: 0, 3: None}  # pointer -> the GPU that owns it (None: host, managed)
-    monkeypatch.setattr(plan_module, "pointer_device", devices.get)
+    asked = []
+    monkeypatch.setattr(plan_module, "pointer_device", lambda p: asked.append(p) or devices[p])
     plan = object.__new__(plan_module.DcpA2APlan)
     plan.comm = SimpleNamespace(device=0)
-    plan._check_device(cp_attn_out=SimpleNamespace(ptr=2), cp_attn_lse=SimpleNamespace(ptr=3))
-    with pytest.raises(ValueError, match=r"^cp_attn_lse is in the memory of GPU 1, but this plan "
-                                         r"runs on GPU 0 \(make that GPU current"):
-        plan._check_device(cp_attn_out=SimpleNamespace(ptr=2), cp_attn_lse=SimpleNamespace(ptr=1))
+    plan._on_device = set()
+    for _ in range(2):
+        plan._check_device(cp_attn_out=SimpleNamespace(ptr=2), cp_attn_lse=SimpleNamespace(ptr=3))
+    assert asked == [2, 3]
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"^cp_attn_lse is in the memory of GPU 1, but this "
+                                             r"plan runs on GPU 0 \(make that GPU current"):
+            plan._check_device(cp_attn_out=SimpleNamespace(ptr=2),
+                               cp_attn_lse=SimpleNamespace(ptr=1))
+    assert asked == [2, 3, 1, 1]
 
 
 def test_pointer_device_is_none_without_a_gpu_pointer():

@@ -77,9 +77,9 @@ def test_launcher(value, env, resolved):
     (lambda: _settings.protocols(None, {"CUPY_DCP_LINES": "no"}), ValueError,
      r"^CUPY_DCP_LINES must be 0 or 1 \(got 'no'\)$"),
     (lambda: _settings.launcher("ctypes"), ValueError,
-     r"^launcher must be one of \('core', 'driver', 'cupy', 'numba'\) or None \(got 'ctypes'\)$"),
+     r"^launcher must be one of \('driver', 'core', 'cupy', 'numba'\) or None \(got 'ctypes'\)$"),
     (lambda: _settings.launcher(None, {"CUPY_DCP_LAUNCHER": "ctypes"}), ValueError,
-     r"^CUPY_DCP_LAUNCHER must be one of \('core', 'driver', 'cupy', 'numba'\) "
+     r"^CUPY_DCP_LAUNCHER must be one of \('driver', 'core', 'cupy', 'numba'\) "
      r"\(got 'ctypes'\)$"),
 ], ids=["pdl_str", "pdl_int", "pdl_env_empty", "protocols_str", "protocols_int",
         "protocols_unknown", "protocols_no_tiles", "lines_env", "launcher", "launcher_env"])
@@ -170,7 +170,7 @@ def test_the_first_available_launcher(fresh_launcher):
     lambda: _launch.SpecializedKernel(None, (), launcher="ctypes"),
 ], ids=["choose", "kernel"])
 def test_a_bad_launcher(fresh_launcher, make):
-    with pytest.raises(ValueError, match=r"^launcher must be one of \('core', 'driver', 'cupy', "
+    with pytest.raises(ValueError, match=r"^launcher must be one of \('driver', 'core', 'cupy', "
                                          r"'numba'\) or None \(got 'ctypes'\)$"):
         make()
     assert _launch._CHOSEN == []  # nothing chosen by a bad request
