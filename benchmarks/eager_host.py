@@ -10,6 +10,8 @@ return before their kernels end), then synchronises; the figure is the median ov
 ``--reps`` bursts of the slowest rank's microseconds per call. The floor: one ready
 launch of the empty kernel (``cupy_dcp._floors``) through the same launcher, timed
 alike. ``--profile K``: cProfile of K more calls on rank 0 (sorted by own time).
+``--parts``: rank 0 also times, alone and without a profiler, each piece of a call's
+host path on the last B's arrays (microseconds each, the median of bursts).
 """
 
 import argparse
@@ -44,6 +46,7 @@ def main():
     p.add_argument("--burst", type=int, default=50)
     p.add_argument("--reps", type=int, default=40)
     p.add_argument("--profile", type=int, default=0)
+    p.add_argument("--parts", action="store_true")
     args = p.parse_args()
 
     import cupy
@@ -86,6 +89,45 @@ def main():
                 print(f"B={tokens:<5} {us:7.1f} us  ({us / floor:.1f}x the launch)", flush=True)
         if args.profile:
             _profile(plan, x, lse, stream, args.profile, world)
+        if args.parts and rank == 0:
+            _parts(plan, x, lse, stream, args.burst, args.reps)
+        world.Barrier()
+
+
+def _parts(plan, x, lse, stream, burst, reps):
+    """Each piece of an eager call's host path, timed alone on the call's arrays."""
+    import cupy
+
+    from cupy_dcp import _checks
+    from cupy_dcp.kernels._arrays import kernel_array, pointer_device, stream_ptr
+
+    B = x.shape[0]
+    bits = kernel_array(x, plan.bits)
+
+    def device():
+        with cupy.cuda.Device(plan.comm.device):
+            pass
+
+    parts = {  # a call's launch itself: the ready empty-kernel launch above
+        "check_inputs": lambda: _checks.check_inputs(x, lse, plan.comm.world_size),
+        "result views": lambda: plan._result_views(B),
+        "with Device": device,
+        "stream_ptr": lambda: stream_ptr(stream),
+        "kernel_array": lambda: kernel_array(x, plan.bits, "cp_attn_out"),
+        "pointer_device": lambda: pointer_device(bits.ptr),
+        "as_words": lambda: bits.as_words(),
+        "check (status)": plan.check,
+    }
+    print(f"host path pieces alone, B={B} (us each):", flush=True)
+    for name, fn in parts.items():
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for _ in range(burst):
+                fn()
+            samples.append((time.perf_counter() - t0) * 1e6 / burst)
+            stream.synchronize()
+        print(f"  {name:<18} {np.median(samples):6.2f}", flush=True)
 
 
 def _profile(plan, x, lse, stream, calls, world):
