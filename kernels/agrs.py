@@ -19,7 +19,7 @@ from ._arrays import kernel_array, stream_ptr
 from ._device import device_functions, inline_device, row_weights_of
 from ._launch import DeviceArray, SpecializedKernel, array_type
 from ._rows import UNROLL, lanes_per_row, row_cursor, row_grid, tile_cursor, tile_grid
-from .combine import codec_functions, combine_codec
+from ._codecs import codec_functions, combine_codec
 
 __all__ = ["agrs_correct", "agrs_finish", "correct_kernel", "correct_launch", "finish_kernel",
            "finish_launch", "mask_kernel", "mask_launch"]

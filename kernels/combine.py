@@ -28,8 +28,7 @@ from numba import cuda
 from numba.core import types
 
 from ._arrays import dummy_index, kernel_array, stream_ptr
-from ._codecs import (_BF16, _BF16X2, _F16, _F16X2, _F32, PAIRS, RAW, RAW_BITS,  # noqa: F401
-                      codec_functions, combine_codec)
+from ._codecs import _BF16, _F16, PAIRS, RAW, RAW_BITS, codec_functions, combine_codec
 from ._device import device_functions, inline_device, row_weights_of
 from ._launch import DeviceArray, SpecializedKernel, array_type
 from ._rows import UNROLL, WARP, lanes_per_row, tile_cursor, tile_grid

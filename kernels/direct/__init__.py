@@ -27,7 +27,7 @@ from .._format import c_strides, is_bfloat16
 from .._launch import DeviceArray, SpecializedKernel, array_type
 from .._rows import WARP, lanes_per_row
 from .._vector import QUAD
-from ..combine import _BF16, _BF16X2, combine_codec
+from .._codecs import _BF16, _BF16X2, combine_codec
 from ._peers import (CHECK_EVERY, COMBINE, PEER_FAILED, PUSH, STATE_WORDS, TIMED_OUT,
                      TRACE_STAMPS)
 from ._window import (BLOCKS_PER_SM, LINE_BYTES, LINE_CHUNKS, LINE_MAX_ROWS, LINE_TILE_ROWS,

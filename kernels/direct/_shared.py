@@ -18,7 +18,7 @@ from numba import cuda, float32
 
 from .._device import device_functions, inline_device, row_weights_of
 from .._format import LSE_HALF_BITS, LSE_HALF_MASK
-from ..combine import _F16, _F32, _BF16X2, codec_functions
+from .._codecs import _F16, _F32, _BF16X2, codec_functions
 from ._peers import rank_functions
 
 __all__ = ["packed_words", "payload_combine"]

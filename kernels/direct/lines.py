@@ -22,7 +22,7 @@ from .._device import device_functions
 from .._rows import WARP
 from .._sync import sync_functions
 from .._vector import vector_functions
-from ..combine import _BF16X2, _F32, codec_functions
+from .._codecs import _BF16X2, _F32, codec_functions
 from ..pack import lse_bits_reader
 from ._peers import (CHECK_EVERY, COMBINE, PEER_FAILED, PUSH, call_start, grid_dependency,
                      peer_functions, rank_functions, trace_functions)

@@ -20,7 +20,8 @@ from numba import config, cuda, float32
 from .._device import device_functions
 from .._rows import UNROLL, WARP
 from .._sync import sync_functions
-from ..combine import RAW, codec_functions, lane_weights, row_accumulator
+from .._codecs import RAW, codec_functions
+from ..combine import lane_weights, row_accumulator
 from ..pack import packed_row_steps
 from ._peers import (COMBINE, PUSH, call_start, grid_dependency, peer_functions, rank_functions,
                      trace_functions)

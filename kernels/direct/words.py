@@ -15,7 +15,7 @@ from numba import config, cuda
 
 from .._rows import WARP
 from .._sync import sync_functions
-from ..combine import _BF16X2
+from .._codecs import _BF16X2
 from ..pack import lse_bits_reader
 from ._peers import (CHECK_EVERY, COMBINE, PEER_FAILED, PUSH, call_start, grid_dependency,
                      peer_functions, rank_functions, trace_functions)
