@@ -55,8 +55,8 @@ def _judge_lse(dtype):
     return dt if dt is not None and (dt.kind == "f" or is_bfloat16(dt)) else None
 
 
-_VALUE_DTYPES = {}  # dtype -> _judge_value's verdict
-_LSE_DTYPES = {}  # dtype -> _judge_lse's verdict
+_VALUE_DTYPES: "dict[object, np.dtype | None]" = {}  # dtype -> _judge_value's verdict
+_LSE_DTYPES: "dict[object, np.dtype | None]" = {}  # dtype -> _judge_lse's verdict
 
 
 def _check_array(x, name):
