@@ -27,9 +27,13 @@ def test_every_kernel_of_a_case_launches(dtype):
         "agrs_finish": (B * (H // n) * D * 4 + B * H * 4,
                         B * (H // n) * D * size + B * (H // n) * 4),
     }
+    # the tile grid: H/N = 2 rows a token along x (one warp holds both: 4 lanes a row), the
+    # ranks along y for the pack and the correction (one slice of a row for the others),
+    # the B tokens along z
+    grids = {"pack": (1, n, B), "pack_masked": (1, n, B), "combine": (1, 1, B),
+             "agrs_correct": (1, n, B), "agrs_finish": (1, 1, B)}
     for name, (kernel, grid, block, args), nread, nwritten in launches:
         assert (nread, nwritten) == expected[name], name
-        # the combine for its N splits these few rows over its grid's second dimension
-        assert tuple(block) == (32, 4) and len(grid) == (2 if name == "combine" else 1), name
+        assert tuple(block) == (32, 1) and tuple(grid) == grids[name], (name, grid, block)
         assert _kernel_bench.floor_blocks(grid) == (int(np.prod(grid)),)
         kernel(grid, block, 0, args)  # raises where an argument is of the wrong kind
