@@ -9,16 +9,21 @@ data, shape..., strides...`` (all 64-bit; strides in bytes), and every scalar
 argument of our kernels is an int64, so the parameters are one int64 block.
 
 A launch touches no stream but the one it is given, so it can be captured in a
-CUDA graph. A kernel made ``dependent`` is launched as a programmatic dependent
-(the driver's ``cuLaunchKernelEx`` with programmatic stream serialisation,
-through ``cuda.bindings``): it may start while the kernel before it on the
-stream ends, and must wait for it (``griddepcontrol.wait``) before it loads
-anything.
+CUDA graph. The driver launcher calls the driver's ``cuLaunchKernelEx`` through
+``ctypes``, from a configuration and a parameter block it owns (``cuda.bindings``
+loads the modules: its launch wrapper costs more host time than the launch). A
+kernel made ``dependent`` is launched as a programmatic dependent (through the
+driver launcher, with programmatic stream serialisation): it may start while the
+kernel before it on the stream ends, and must wait for it
+(``griddepcontrol.wait``) before it loads anything.
 
 Under the CUDA simulator the Numba dispatcher launches (same kernels, same
 arguments).
 """
 
+import ctypes
+import functools
+import sys
 import threading
 
 import numpy as np
@@ -130,12 +135,12 @@ def choose_launcher(launcher=None):
     """This process's launcher, chosen once; every kernel made without a launcher of
     its own takes it.
 
-    ``"driver"`` launches through the driver's ``cuLaunchKernelEx``
-    (``cuda.bindings``), ``"core"`` through ``cuda.core``, ``"cupy"`` through CuPy's driver
-    module and ``"numba"`` through Numba's own launcher. ``launcher`` is one of
-    :data:`LAUNCHERS`, or ``None``: the first of them that can run here (that is
-    their order by host cost per launch). Under the CUDA simulator it is always
-    ``"numba"``.
+    ``"driver"`` launches through the driver's ``cuLaunchKernelEx`` (called
+    through ``ctypes``; ``cuda.bindings`` loads the modules), ``"core"`` through
+    ``cuda.core``, ``"cupy"`` through CuPy's driver module and ``"numba"`` through
+    Numba's own launcher. ``launcher`` is one of :data:`LAUNCHERS`, or ``None``: the
+    first of them that can run here (that is their order by host cost per launch).
+    Under the CUDA simulator it is always ``"numba"``.
 
     Raises:
         ValueError: ``launcher`` is not one of :data:`LAUNCHERS`.
@@ -158,8 +163,10 @@ def _first_available():
                              ("cupy", "cupy")):
         try:
             __import__(module)
+            if launcher == "driver":
+                _launch_entry()
             return launcher
-        except ImportError:
+        except (ImportError, OSError, AttributeError):  # no package, or no libcuda entry
             pass
     return "numba"
 
@@ -299,16 +306,55 @@ class SpecializedKernel:
         self._dispatcher[grid, block, stream](*views)
 
 
+# CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h's CUlaunchAttributeID)
+_PROGRAMMATIC_SERIALIZATION = 6
+
+
+class _LaunchAttribute(ctypes.Structure):
+    """cuda.h's ``CUlaunchAttribute``: the id, padding to 8 bytes, then a 64-byte value
+    union (its first member, an int, is ``programmaticStreamSerializationAllowed``)."""
+
+    _fields_ = [("id", ctypes.c_uint32), ("pad", ctypes.c_uint32),
+                ("value", ctypes.c_uint64 * 8)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """cuda.h's ``CUlaunchConfig``: grid, block, dynamic shared memory, the stream, and
+    the attributes with their count."""
+
+    _fields_ = [("gridDimX", ctypes.c_uint32), ("gridDimY", ctypes.c_uint32),
+                ("gridDimZ", ctypes.c_uint32), ("blockDimX", ctypes.c_uint32),
+                ("blockDimY", ctypes.c_uint32), ("blockDimZ", ctypes.c_uint32),
+                ("sharedMemBytes", ctypes.c_uint32), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.c_void_p), ("numAttrs", ctypes.c_uint32)]
+
+
+@functools.cache
+def _launch_entry():
+    """The driver's ``cuLaunchKernelEx(config, function, kernelParams, extra)`` as a
+    ``ctypes`` function returning the ``CUresult`` (``OSError`` without a driver
+    library). It declares no argument types, so that a launch converts nothing: every
+    argument is passed as a ``ctypes.c_void_p`` (or ``None``)."""
+    library = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+    entry = library.cuLaunchKernelEx
+    entry.restype = ctypes.c_int
+    return entry
+
+
+_STREAMS_KEPT = 16  # a ready launch's configurations, one per stream it was launched on
+
+
 class _DriverLaunch:
     """Launches of one kernel through ``cuLaunchKernelEx`` from one parameter block
     and one launch configuration: a kernel's own, refilled at every launch, or a
     ready launch's, filled once (``flat`` and ``dims``: then ``launch(stream_ptr)``
-    only sets the stream). The driver copies both before a launch returns."""
+    takes the configuration made for that stream, and the driver's arguments with
+    it, made at the stream's first launch: the call converts and locks nothing).
+    The driver copies the parameters and the configuration before a launch returns."""
 
     def __init__(self, kernel, count, flat=None, dims=None):
-        driver = _driver()
         self._kernel = kernel
-        self._launch = driver.cuLaunchKernelEx
+        self._launch = None  # the driver's entry, found at the first launch
         self._params = np.zeros(count, dtype=np.int64)
         if flat is not None:
             self._params[:] = flat
@@ -321,13 +367,13 @@ class _DriverLaunch:
         # device, current at every call); another looks the context up at each launch
         self._ready = flat is not None
         self._function = None
-        self._config = driver.CUlaunchConfig()
+        self._streams = {}  # a ready launch's: stream -> (its configuration, the arguments)
+        self._config = _LaunchConfig()
+        self._config_ptr = ctypes.addressof(self._config)
         if kernel.dependent:
-            attribute = driver.CUlaunchAttribute()
-            attribute.id = (driver.CUlaunchAttributeID
-                            .CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
-            attribute.value.programmaticStreamSerializationAllowed = 1
-            self._config.attrs = [attribute]  # copied into the configuration
+            self._attribute = _LaunchAttribute(_PROGRAMMATIC_SERIALIZATION)
+            self._attribute.value[0] = 1  # programmaticStreamSerializationAllowed
+            self._config.attrs = ctypes.addressof(self._attribute)
             self._config.numAttrs = 1
         if dims is not None:
             self._set_dims(dims)
@@ -339,21 +385,45 @@ class _DriverLaunch:
 
     def __call__(self, stream_ptr, dims=None, flat=None):
         """Launch on ``stream_ptr``, after setting the grid and block ``dims``
-        (:func:`_dims`) and filling the parameters with ``flat`` where given."""
-        function = self._function
-        if function is None:
-            function = self._kernel._function_in_current_context()
-            if self._ready:
-                self._function = function
-        with self._lock:
-            if flat is not None:
-                self._params[:] = flat
-            if dims is not None:
-                self._set_dims(dims)
-            self._config.hStream = stream_ptr
-            err, = self._launch(self._config, function, self._pointers_ptr, 0)
+        (:func:`_dims`) and filling the parameters with ``flat`` where given (not for
+        a ready launch)."""
+        if self._ready:
+            made = self._streams.get(stream_ptr)
+            if made is None:
+                made = self._for_stream(stream_ptr)
+            err = self._launch(*made[1])
+        else:
+            void = ctypes.c_void_p
+            function = void(int(self._kernel._function_in_current_context()))
+            with self._lock:
+                if self._launch is None:
+                    self._launch = _launch_entry()
+                if flat is not None:
+                    self._params[:] = flat
+                if dims is not None:
+                    self._set_dims(dims)
+                self._config.hStream = stream_ptr
+                err = self._launch(void(self._config_ptr), function, void(self._pointers_ptr),
+                                   None)
         if err:
             _check(_driver(), err, "cuLaunchKernelEx")
+
+    def _for_stream(self, stream_ptr):
+        """A ready launch's configuration for ``stream_ptr`` and the driver's arguments
+        with it, made once (the kernel is the current context's, at the first)."""
+        with self._lock:
+            if self._function is None:
+                self._launch = _launch_entry()
+                self._function = int(self._kernel._function_in_current_context())
+            config = _LaunchConfig.from_buffer_copy(self._config)
+            config.hStream = stream_ptr
+            void = ctypes.c_void_p
+            made = (config, (void(ctypes.addressof(config)), void(self._function),
+                             void(self._pointers_ptr), None))
+            if len(self._streams) >= _STREAMS_KEPT:
+                self._streams.clear()
+            self._streams[stream_ptr] = made
+        return made
 
 
 def _resident_blocks(cubin, name, block):
@@ -424,6 +494,8 @@ def _driver():
 def _check(driver, err, what):
     """Raise ``RuntimeError`` for a driver call that did not return ``CUDA_SUCCESS``."""
     if err:
+        if isinstance(err, int):  # a CUresult from a ctypes call
+            err = driver.CUresult(err)
         _, text = driver.cuGetErrorString(err)
         raise RuntimeError(f"{what} failed: {(text or b'?').decode()} (CUresult {int(err)})")
 

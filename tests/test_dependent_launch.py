@@ -46,7 +46,7 @@ def test_the_lines_setting():
 
 def _config_bytes(config):
     """The bytes of a ``CUlaunchConfig`` as the driver reads them."""
-    return ctypes.string_at(config.getPtr(), 56)
+    return ctypes.string_at(ctypes.addressof(config), ctypes.sizeof(config))
 
 
 def test_driver_structures_match_cuda_h():
@@ -55,9 +55,12 @@ def test_driver_structures_match_cuda_h():
 
     from cupy_dcp.kernels import _launch
 
+    assert ctypes.sizeof(_launch._LaunchConfig) == 56
+    assert ctypes.sizeof(_launch._LaunchAttribute) == 72
     kernel = _launch.SpecializedKernel.__new__(_launch.SpecializedKernel)
     kernel.dependent = True
     launch = _launch._DriverLaunch(kernel, 2, [3, 4], (5, 1, 1, 32, 8, 1))
+    launch._config.hStream = 0x1234
     raw = _config_bytes(launch._config)
     assert [int.from_bytes(raw[4 * i:4 * i + 4], "little") for i in range(7)] == [
         5, 1, 1, 32, 8, 1, 0]
@@ -67,25 +70,49 @@ def test_driver_structures_match_cuda_h():
     attribute = ctypes.string_at(int.from_bytes(raw[40:48], "little"), 72)
     assert attribute[:4] == (6).to_bytes(4, "little") and attribute[8:12] == (1).to_bytes(4, "little")
     assert int(driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION) == 6
+    # the same bytes as cuda.bindings' own structures of the same values (the pointers
+    # to the attributes aside)
+    theirs = driver.CUlaunchConfig()
+    (theirs.gridDimX, theirs.gridDimY, theirs.gridDimZ, theirs.blockDimX, theirs.blockDimY,
+     theirs.blockDimZ) = (5, 1, 1, 32, 8, 1)
+    theirs.hStream = 0x1234
+    attr = driver.CUlaunchAttribute()
+    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    theirs.attrs = [attr]
+    theirs.numAttrs = 1
+    their_raw = ctypes.string_at(theirs.getPtr(), 56)
+    assert raw[:40] == their_raw[:40] and raw[48:52] == their_raw[48:52]
+    their_attribute = ctypes.string_at(int.from_bytes(their_raw[40:48], "little"), 12)
+    assert attribute[:4] + attribute[8:12] == their_attribute[:4] + their_attribute[8:12]
     kernel.dependent = False
     plain = _config_bytes(_launch._DriverLaunch(kernel, 1)._config)
     assert int.from_bytes(plain[48:52], "little") == 0  # no attribute: an ordinary launch
 
 
 class _FakeDriver:
-    """Records the launches a driver launch makes (no GPU), as ``cuLaunchKernelEx``."""
+    """Records the launches a driver launch makes (no GPU): the driver's
+    ``cuLaunchKernelEx`` as the ctypes entry calls it, with four addresses."""
 
-    def __init__(self):
+    def __init__(self, result=0):
         self.calls = []
+        self.result = result
 
-    def cuLaunchKernelEx(self, config, function, params, extra):
-        c = config
-        attributes = [(int(a.id), a.value.programmaticStreamSerializationAllowed)
-                      for a in c.attrs[:c.numAttrs]]
+    def __call__(self, config, function, params, extra):
+        from cupy_dcp.kernels._launch import _LaunchAttribute, _LaunchConfig
+
+        # every argument as the entry declares none: a void pointer, or None
+        assert all(isinstance(a, ctypes.c_void_p) for a in (config, function, params))
+        assert extra is None
+        config, function, params = config.value, function.value, params.value
+        c = _LaunchConfig.from_address(config)
+        attributes = [(a.id, ctypes.c_int32.from_buffer_copy(a.value).value)
+                      for a in (_LaunchAttribute * c.numAttrs).from_address(c.attrs or 0)] \
+            if c.numAttrs else []
         self.calls.append(("ex", function, (c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX,
                                             c.blockDimY, c.blockDimZ), c.sharedMemBytes,
-                           int(c.hStream), params, extra, attributes))
-        return (0,)
+                           c.hStream or 0, params, extra or 0, attributes))
+        return self.result
 
 
 def _driver_kernel(monkeypatch, dependent, function):
@@ -96,7 +123,7 @@ def _driver_kernel(monkeypatch, dependent, function):
     from cupy_dcp.kernels import _launch
 
     fake = _FakeDriver()
-    monkeypatch.setattr(driver, "cuLaunchKernelEx", fake.cuLaunchKernelEx)
+    monkeypatch.setattr(_launch, "_launch_entry", lambda: fake)
     kernel = _launch.SpecializedKernel.__new__(_launch.SpecializedKernel)
     kernel.dependent, kernel.launcher = dependent, "driver"
     kernel._function_in_current_context = lambda: function
@@ -141,8 +168,7 @@ def test_a_failed_driver_launch_raises(monkeypatch):
     from cuda.bindings import driver
 
     kernel, fake = _driver_kernel(monkeypatch, True, 1)
-    monkeypatch.setattr(driver, "cuLaunchKernelEx",
-                        lambda *args: (driver.CUresult.CUDA_ERROR_INVALID_VALUE,))
+    fake.result = int(driver.CUresult.CUDA_ERROR_INVALID_VALUE)
     monkeypatch.setattr(driver, "cuGetErrorString",
                         lambda err: (driver.CUresult.CUDA_SUCCESS, b"invalid argument"))
     with pytest.raises(RuntimeError, match=r"^cuLaunchKernelEx failed: invalid argument "
