@@ -326,9 +326,10 @@ class DcpDirectPlan(_Plan):
         """Seconds a call waits for a peer before it gives up (``settings.timeout``)."""
         return self.settings.timeout
 
-    def _run(self, tokens, x_bits, lse, mask, result, result_lse, ptr):
+    def _launch(self, steps, ptr):
         self.check()
-        super()._run(tokens, x_bits, lse, mask, result, result_lse, ptr)
+        for step in steps:
+            step(ptr)
 
     def _steps(self, tokens, x_bits, lse, mask, result, result_lse):
         return _ready_steps(direct_launch(

@@ -129,6 +129,7 @@ class _Plan:
             self._no_mask = dummy_index()
             self._views = {}
             self._ready = {}
+            self._repeats = {}  # the caller's arrays -> a call made ready (_remember)
             self._results = {}  # B -> the result buffers' [:B] views that calls return
             self._on_device = set()  # addresses _check_device found in this GPU's memory
             # compiled before any exchange buffer exists: nothing to undo
@@ -187,6 +188,12 @@ class _Plan:
         must be ordered: on one stream, or synchronised by the caller (they
         share the plan's buffers).
 
+        A decode loop passes the same arrays again and again: a call whose
+        arguments are all CuPy arrays (or ``None``) read in place is remembered
+        by their addresses, shapes, strides and dtypes, and a later call with
+        arrays equal in all four replays it: it checks and converts nothing
+        again, and only launches (on ``stream``, on the plan's GPU).
+
         Returns:
             ``[B, H/N, D]`` (and ``[B, H/N]`` float32 when the plan returns the
             LSE). A group of one follows the rules of a larger group: masked
@@ -194,6 +201,15 @@ class _Plan:
         """
         if self._closed:
             raise RuntimeError(f"this {type(self).__name__} is closed")
+        key = _repeat_key(cp_attn_out, cp_attn_lse, out, out_lse, seq_lens, query_start_loc)
+        repeat = None if key is None else self._repeats.get(key)
+        if repeat is not None:  # a decode loop's call again: its checks all passed before
+            steps, result, result_lse = repeat
+            self._replay(steps, stream)
+            result = result if out is None else out
+            if not self.return_lse:
+                return result
+            return result, (result_lse if out_lse is None else out_lse)
         n = self.comm.world_size
         B, H, D, dtype = _checks.check_inputs(cp_attn_out, cp_attn_lse, n)
         if (H, D) != (self.num_heads, self.head_dim) or dtype != self.dtype:
@@ -213,7 +229,7 @@ class _Plan:
         if n == 1:
             return self._single(cp_attn_out, cp_attn_lse, out, out_lse, seq_lens,
                                 query_start_loc, stream)
-        result, result_lse = self._result_views(B)
+        views = result, result_lse = self._result_views(B)
         result = result if out is None else out
         result_lse = (result_lse if out_lse is None else out_lse) if self.return_lse else None
         if B > 0:
@@ -225,32 +241,65 @@ class _Plan:
                 ptr = stream_ptr(stream)
                 x_bits = kernel_array(cp_attn_out, self.bits, "cp_attn_out")
                 result_arr = kernel_array(result, self._value, "out")
-                lse, mask = self._stage_inputs(B, cp_attn_lse, seq_lens, query_start_loc, ptr)
+                lse, mask, in_place = self._stage_inputs(B, cp_attn_lse, seq_lens,
+                                                         query_start_loc, ptr)
                 self._check_device(cp_attn_out=x_bits, cp_attn_lse=lse, out=result_arr)
                 copy_out = None
                 if self._words:
+                    given = x_bits
                     x_bits, result_arr, copy_out = self._word_arrays(B, x_bits, result_arr, ptr)
+                    in_place = in_place and x_bits is given and copy_out is None
                 lse_arr = None if result_lse is None else kernel_array(result_lse, np.float32,
                                                                        "out_lse")
-                self._run(B, x_bits, lse, mask, result_arr, lse_arr, ptr)
+                steps = self._run(B, x_bits, lse, mask, result_arr, lse_arr, ptr)
                 if copy_out is not None:
                     copy_out()
+            if key is not None and in_place and steps is not None:
+                self._remember(key, (steps,) + views)
         return (result, result_lse) if self.return_lse else result
 
     def _run(self, tokens, x_bits, lse, mask, result, result_lse, ptr):
-        """Enqueue the call on ``ptr``. A decode loop calls with the same few arrays
-        again and again: a call's steps are made ready once, by its arrays'
-        addresses, shapes and strides (their dtypes are the plan's)."""
+        """Enqueue the call on ``ptr``; return its ready steps, or ``None`` where they
+        are not kept. A decode loop calls with the same few arrays again and again:
+        a call's steps are made ready once, by its arrays' addresses, shapes and
+        strides (their dtypes are the plan's)."""
         key = _ready_key(x_bits, lse, mask, result, result_lse)
         steps = self._ready.get(key)
+        keep = True
         if steps is None:
             steps, keep = self._steps(tokens, x_bits, lse, mask, result, result_lse)
             if keep:
                 if len(self._ready) >= _READY_KEPT:
                     del self._ready[next(iter(self._ready))]  # the oldest
                 self._ready[key] = steps
+        self._launch(steps, ptr)
+        return steps if keep else None
+
+    def _launch(self, steps, ptr):
+        """Enqueue a call's ready steps on ``ptr`` (a plan whose kernels record failures
+        checks them first)."""
         for step in steps:
             step(ptr)
+
+    def _remember(self, key, repeat):
+        """Keep ``repeat`` (a call's ready steps and the result views it returns) for
+        the caller's arrays ``key`` (:func:`_repeat_key`): the same call again skips
+        every check and conversion, which depend on nothing else."""
+        if len(self._repeats) >= _READY_KEPT:
+            del self._repeats[next(iter(self._repeats))]  # the oldest
+        self._repeats[key] = repeat
+
+    def _replay(self, steps, stream):
+        """Enqueue a remembered call's steps on ``stream``, on the plan's GPU (made
+        current only where another is)."""
+        device = self.comm.device
+        if _runtime().getDevice() == device:
+            self._launch(steps, stream_ptr(stream))
+            return
+        import cupy
+
+        with cupy.cuda.Device(device):
+            self._launch(steps, stream_ptr(stream))
 
     def _steps(self, tokens, x_bits, lse, mask, result, result_lse):
         """``(steps, keep)``: the call as functions of the stream, and whether they may
@@ -320,7 +369,8 @@ class _Plan:
             self._on_device.add(arr.ptr)
 
     def _stage_inputs(self, tokens, lse, seq_lens, query_start_loc, ptr):
-        """The LSE as float32 and the masks as contiguous int64, on the call's stream.
+        """``(lse, mask, in_place)``: the LSE as float32 and the masks as contiguous
+        int64, on the call's stream, and whether all were read in place.
 
         Inputs that already are so are read in place; others are converted into
         buffers the plan owns (so a captured graph reads them at fixed
@@ -329,6 +379,7 @@ class _Plan:
         import cupy
 
         lse_arr = None
+        in_place = True
         if as_dtype(lse.dtype) == np.float32:
             lse_arr = kernel_array(lse, np.float32, "cp_attn_lse")
         mask = (self._no_mask, self._no_mask, -1)
@@ -337,6 +388,7 @@ class _Plan:
             seq = kernel_array(seq_lens, as_dtype(seq_lens.dtype), "seq_lens")
             qsl = kernel_array(query_start_loc, as_dtype(query_start_loc.dtype), "query_start_loc")
             if not (_contiguous_int64(seq) and _contiguous_int64(qsl)):
+                in_place = False
                 with cupy_stream(ptr):
                     cupy.copyto(self._seq[:count], as_cupy(seq_lens), casting="unsafe")
                     cupy.copyto(self._qsl[:count + 1], as_cupy(query_start_loc), casting="unsafe")
@@ -344,11 +396,12 @@ class _Plan:
                 qsl = kernel_array(self._qsl[:count + 1], np.int64)
             mask = (seq, qsl, count)
         if lse_arr is None:
+            in_place = False
             staged = self._lse32[:tokens]
             with cupy_stream(ptr):
                 cupy.copyto(staged, as_cupy(lse), casting="unsafe")
             lse_arr = kernel_array(staged, np.float32)
-        return lse_arr, mask
+        return lse_arr, mask, in_place
 
     def synchronize(self, stream=None, timeout=None):
         """Wait for this plan's work on ``stream``, within ``timeout`` seconds (see
@@ -366,6 +419,7 @@ class _Plan:
         """Drop the calls made ready and the views and staging buffer made for them."""
         self._views = {}
         self._ready = {}
+        self._repeats = {}
         self._results = {}
         self._x_words = None
 
@@ -477,9 +531,9 @@ class DcpA2APlan(_Plan):
             combine_launch(self.dtype, recv, result, result_lse, self.base_e,
                            signed=(self._status.array, self._signed[1])))
 
-    def _run(self, tokens, x_bits, lse, mask, result, result_lse, ptr):
+    def _launch(self, steps, ptr):
         self.check()
-        super()._run(tokens, x_bits, lse, mask, result, result_lse, ptr)
+        super()._launch(steps, ptr)
 
     def check(self):
         """Raise the ``ValueError`` of a divergent call that a combine has recorded
@@ -557,6 +611,42 @@ class DcpAgRsPlan(_Plan):
                            corrected),
             lambda ptr: comm.reduce_scatter_device(corrected_ptr, summed_ptr, summed_size, ptr),
             finish_launch(self.dtype, summed, lses, comm.rank, self.base_e, result, result_lse))
+
+
+def _repeat_key(x, lse, out, out_lse, seq_lens, query_start_loc):
+    """A call's arrays as a key of :meth:`_Plan._remember`: each ``None`` or a CuPy
+    array's address, shape, strides and dtype (what every check of a call reads);
+    ``None`` where one is another kind of array (its interface is read each call)."""
+    ndarray = _cupy_ndarray()
+    if type(x) is not ndarray or type(lse) is not ndarray:
+        return None
+    key = (x.data.ptr, x.shape, x.strides, x.dtype, lse.data.ptr, lse.shape, lse.strides,
+           lse.dtype)
+    if out is None and out_lse is None and seq_lens is None and query_start_loc is None:
+        return key  # a decode loop's usual call: nothing more
+    for a in (out, out_lse, seq_lens, query_start_loc):
+        if a is None:
+            key += (None,)
+        elif type(a) is ndarray:
+            key += (a.data.ptr, a.shape, a.strides, a.dtype)
+        else:
+            return None
+    return key
+
+
+@functools.cache
+def _cupy_ndarray():
+    try:
+        import cupy
+    except ImportError:  # no CuPy array to remember
+        return None
+    return cupy.ndarray
+
+
+@functools.cache
+def _runtime():
+    import cupy
+    return cupy.cuda.runtime
 
 
 def _ready_key(x_bits, lse, mask, result, result_lse):

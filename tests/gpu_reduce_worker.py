@@ -23,6 +23,7 @@ from mpi4py import MPI
 
 import cupy_dcp
 from cupy_dcp.kernels._arrays import kernel_array, pointer_device
+from cupy_dcp.plan import _repeat_key
 from _helpers import assert_lse_close, run_worker, ulp
 from host_reduce_worker import B, DTYPES, HN, QUERY_START_LOC, gathered, rank_inputs, seq_lens_of
 
@@ -195,6 +196,24 @@ def plan_cases(world, comm):
             ref, ref_lse, scale = expected(world, x, lse, True, False)
             check_rank_result(host(got, dtype), cupy.asnumpy(got_lse), ref, ref_lse, scale,
                               f"rank {rank} {plan_type.__name__} {dtype} call {call}")
+        # a decode loop: the same arrays at every call, refilled in place (the plan then
+        # replays the call it remembered, checks and all), with and without out=
+        x_buf = cupy.empty((B, HN * n, D), dtype=dtype)
+        lse_buf = cupy.empty((B, HN * n), dtype=cupy.float32)
+        out = cupy.empty((B, HN, D), dtype=dtype)
+        for call in range(4):
+            x, lse = rank_inputs(rank, 300 + call, dtype, D, HN * n)
+            x_buf[...] = cupy.asarray(x)
+            lse_buf[...] = cupy.asarray(lse)
+            out.fill(np.nan)
+            kw = dict(out=out) if call % 2 else {}
+            got, got_lse = plan(x_buf, lse_buf, **kw)
+            assert (got is out) == bool(kw) and kernel_counts() == built
+            ref, ref_lse, scale = expected(world, x, lse, True, False)
+            check_rank_result(host(got, dtype), cupy.asnumpy(got_lse), ref, ref_lse, scale,
+                              f"rank {rank} {plan_type.__name__} {dtype} same arrays {call}")
+        assert all(_repeat_key(x_buf, lse_buf, o, None, None, None) in plan._repeats
+                   for o in (None, out))  # with and without out=
 
 
 def graph_cases(world, comm):

@@ -5,6 +5,7 @@ import numpy as np
 
 from cupy_dcp.kernels._launch import DeviceArray, SpecializedKernel
 from cupy_dcp.layout import c_strides
+from cupy_dcp import plan
 from cupy_dcp.plan import _ready_key, _ready_steps
 
 
@@ -69,3 +70,41 @@ def test_steps_run_in_order_and_are_kept_only_without_the_callers_arrays():
 def test_numba_launcher_prepares_nothing():
     kernel = SpecializedKernel(None, (), launcher="numba")
     assert kernel.prepare((1,), (32,), ()) is None
+
+
+class _FakeCupyArray:
+    """What a remembered call's key reads of a CuPy array."""
+
+    class _Memory:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+    def __init__(self, shape, dtype=np.uint16, ptr=1 << 20, strides=None):
+        self.dtype = np.dtype(dtype)
+        self.shape = shape
+        self.strides = strides or c_strides(shape, self.dtype.itemsize)
+        self.data = self._Memory(ptr)
+
+
+def test_a_remembered_call_is_keyed_by_every_array_it_was_checked_with(monkeypatch):
+    monkeypatch.setattr(plan, "_cupy_ndarray", lambda: _FakeCupyArray)
+    a = _FakeCupyArray
+
+    def key(**change):
+        args = dict(x=a((2, 4, 8)), lse=a((2, 4), np.float32, 2 << 20), out=None,
+                    out_lse=None, seq=None, qsl=None)
+        args.update(change)
+        return plan._repeat_key(*args.values())
+
+    base = key()
+    assert key() == base and base is not None  # equal arrays, other objects: one call
+    changed = [key(x=a((2, 4, 8), ptr=7 << 20)), key(x=a((1, 4, 8))),
+               key(x=a((2, 4, 8), strides=(128, 16, 2))), key(x=a((2, 4, 8), np.float16)),
+               key(lse=a((2, 4), np.float16, 2 << 20)), key(lse=a((2, 4), np.float32, 9 << 20)),
+               key(out=a((2, 2, 8), ptr=5 << 20)), key(out_lse=a((2, 2), np.float32, 6 << 20)),
+               key(seq=a((1,), np.int64, 3 << 20), qsl=a((2,), np.int64, 4 << 20)),
+               key(seq=a((1,), np.int64, 3 << 20), qsl=a((2,), np.int32, 4 << 20))]
+    assert len({base, *changed}) == len(changed) + 1
+    # another kind of array (a Numba array, a DLPack capsule's owner): never remembered
+    assert key(x=np.zeros((2, 4, 8), np.uint16)) is None
+    assert key(out=np.zeros((2, 2, 8), np.uint16)) is None
