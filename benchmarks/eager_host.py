@@ -12,6 +12,9 @@ launch of the empty kernel (``cupy_dcp._floors``) through the same launcher, tim
 alike. ``--profile K``: cProfile of K more calls on rank 0 (sorted by own time).
 ``--parts``: rank 0 also times, alone and without a profiler, each piece of a call's
 host path on the last B's arrays (microseconds each, the median of bursts).
+``--split``: every rank times, for the last B, the call with its launches left out
+(the host work around them) and the call's ready launches alone (what the launcher
+and the driver take), each as a burst like the calls'.
 """
 
 import argparse
@@ -47,6 +50,7 @@ def main():
     p.add_argument("--reps", type=int, default=40)
     p.add_argument("--profile", type=int, default=0)
     p.add_argument("--parts", action="store_true")
+    p.add_argument("--split", action="store_true")
     args = p.parse_args()
 
     import cupy
@@ -87,11 +91,33 @@ def main():
             us = _burst_us(call, args.burst, args.reps, lambda: plan.synchronize(stream), world)
             if rank == 0:
                 print(f"B={tokens:<5} {us:7.1f} us  ({us / floor:.1f}x the launch)", flush=True)
+        if args.split:
+            _split(plan, call, stream, args.burst, args.reps, world)
         if args.profile:
             _profile(plan, x, lse, stream, args.profile, world)
         if args.parts and rank == 0:
             _parts(plan, x, lse, stream, args.burst, args.reps)
         world.Barrier()
+
+
+def _split(plan, call, stream, burst, reps, world):
+    """A call's host work without its launches, and its launches alone (every rank)."""
+    steps = list(plan._ready.values())[-1]  # the last call made ready: the last B's
+    kept, repeats = plan._ready, plan._repeats  # the calls made ready, and remembered
+    nothing = [lambda ptr: None]
+    plan._ready = dict.fromkeys(kept, nothing)
+    plan._repeats = {key: (nothing,) + repeat[1:] for key, repeat in repeats.items()}
+    around = _burst_us(call, burst, reps, stream.synchronize, world)
+    plan._ready, plan._repeats = kept, repeats
+
+    def launches():
+        for step in steps:
+            step(stream.ptr)
+
+    alone = _burst_us(launches, burst, reps, lambda: plan.synchronize(stream), world)
+    if world.Get_rank() == 0:
+        print(f"split, us per call: host work without the launches {around:.1f}, "
+              f"the {len(steps)} ready launch(es) alone {alone:.1f}", flush=True)
 
 
 def _parts(plan, x, lse, stream, burst, reps):
