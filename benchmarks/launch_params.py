@@ -27,28 +27,11 @@ def _host_us(launch, stream, count=3000, loops=5):
     return float(np.median(samples))
 
 
-def _graph_us(cupy, stream, launch, calls=20, replays=15):
-    stream.begin_capture()
-    for _ in range(calls):
-        launch()
-    graph = stream.end_capture()
-    graph.launch(stream)
-    stream.synchronize()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    samples = []
-    for _ in range(replays):
-        start.record(stream)
-        graph.launch(stream)
-        stop.record(stream)
-        stop.synchronize()
-        samples.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3 / calls)
-    return float(np.median(samples))
-
-
 def main():
     import cupy
     from numba import cuda
 
+    from cupy_dcp._kernel_bench import _graph_us
     from cupy_dcp.kernels._arrays import kernel_array
     from cupy_dcp.kernels._launch import SpecializedKernel, array_type
 
@@ -70,7 +53,7 @@ def main():
             for grid in ((1,), (64, 2)):
                 ready = kernel.prepare(grid, (32, 4), (words,) * count)
                 host = _host_us(lambda: ready(stream.ptr), stream)
-                gpu = _graph_us(cupy, stream, lambda: ready(stream.ptr))
+                gpu = _graph_us(cupy, stream, lambda: ready(stream.ptr), 20, 15)
                 print(f"  {name:<9} {launcher:<6} grid {str(grid):<8} host {host:5.2f}  "
                       f"GPU {gpu:.3f}", flush=True)
 
