@@ -328,8 +328,7 @@ class DcpDirectPlan(_Plan):
 
     def _launch(self, steps, ptr):
         self.check()
-        for step in steps:
-            step(ptr)
+        super()._launch(steps, ptr)
 
     def _steps(self, tokens, x_bits, lse, mask, result, result_lse):
         return _ready_steps(direct_launch(

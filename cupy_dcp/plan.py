@@ -25,8 +25,8 @@ from ._divergence import A2A_CODE, MappedWords, divergence_message
 from .kernels import _trailer
 from .comm import _cupy_problem, as_communicator
 from .layout import as_dtype, bits_dtype, c_strides, check_heads, lse_pack_dim
-from .kernels._arrays import (as_cupy, cupy_stream, cupy_view, dummy_index, kernel_array,
-                               pointer_device, stream_ptr)
+from .kernels._arrays import (_cupy, as_cupy, cupy_stream, cupy_view, dummy_index,
+                               kernel_array, pointer_device, stream_ptr)
 from .kernels._launch import DeviceArray, choose_launcher
 from .kernels.agrs import correct_launch, finish_launch, mask_launch
 from .kernels.combine import combine_codec, combine_launch
@@ -293,11 +293,10 @@ class _Plan:
         """Enqueue a remembered call's steps on ``stream``, on the plan's GPU (made
         current only where another is)."""
         device = self.comm.device
-        if _runtime().getDevice() == device:
+        cupy = _cupy()
+        if cupy.cuda.runtime.getDevice() == device:
             self._launch(steps, stream_ptr(stream))
             return
-        import cupy
-
         with cupy.cuda.Device(device):
             self._launch(steps, stream_ptr(stream))
 
@@ -617,7 +616,8 @@ def _repeat_key(x, lse, out, out_lse, seq_lens, query_start_loc):
     """A call's arrays as a key of :meth:`_Plan._remember`: each ``None`` or a CuPy
     array's address, shape, strides and dtype (what every check of a call reads);
     ``None`` where one is another kind of array (its interface is read each call)."""
-    ndarray = _cupy_ndarray()
+    cupy = _cupy()
+    ndarray = None if cupy is None else cupy.ndarray  # no CuPy: no array to remember
     if type(x) is not ndarray or type(lse) is not ndarray:
         return None
     key = (x.data.ptr, x.shape, x.strides, x.dtype, lse.data.ptr, lse.shape, lse.strides,
@@ -632,21 +632,6 @@ def _repeat_key(x, lse, out, out_lse, seq_lens, query_start_loc):
         else:
             return None
     return key
-
-
-@functools.cache
-def _cupy_ndarray():
-    try:
-        import cupy
-    except ImportError:  # no CuPy array to remember
-        return None
-    return cupy.ndarray
-
-
-@functools.cache
-def _runtime():
-    import cupy
-    return cupy.cuda.runtime
 
 
 def _ready_key(x_bits, lse, mask, result, result_lse):

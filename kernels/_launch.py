@@ -494,8 +494,7 @@ def _driver():
 def _check(driver, err, what):
     """Raise ``RuntimeError`` for a driver call that did not return ``CUDA_SUCCESS``."""
     if err:
-        if isinstance(err, int):  # a CUresult from a ctypes call
-            err = driver.CUresult(err)
+        err = driver.CUresult(err)  # the ctypes entry returns a plain int
         _, text = driver.cuGetErrorString(err)
         raise RuntimeError(f"{what} failed: {(text or b'?').decode()} (CUresult {int(err)})")
 

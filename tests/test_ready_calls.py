@@ -87,7 +87,8 @@ class _FakeCupyArray:
 
 
 def test_a_remembered_call_is_keyed_by_every_array_it_was_checked_with(monkeypatch):
-    monkeypatch.setattr(plan, "_cupy_ndarray", lambda: _FakeCupyArray)
+    fake_cupy = type("FakeCupy", (), {"ndarray": _FakeCupyArray})
+    monkeypatch.setattr(plan, "_cupy", lambda: fake_cupy)
     a = _FakeCupyArray
 
     def key(**change):
