@@ -14,10 +14,10 @@ the LSE lanes).
 Two kernels, giving the same bits: for N from 2 to :data:`MAX_STATIC_SHARDS`
 the one built for its N (``_slices``: every loop over the shards unrolled,
 every shard's loads issued before any is weighed, a row's LSEs and weights
-held in registers, each row split over the grid's y; below
-:data:`SLICED_ROWS` rows each lane has :data:`SLICED_UNROLL` values to move,
-else :data:`UNROLL`); for any other N one that walks the shards two at a
-time. Rows map to the grid by ``_rows.tile_grid``.
+held in registers, each row split over the grid's y; each lane moves as many
+values as :func:`combine_unroll` gives: about :data:`LANE_LOADS` in all,
+fewer for few rows, more at N = 8 for many); for any other N one that
+walks the shards two at a time. Rows map to the grid by ``_rows.tile_grid``.
 """
 
 import functools
@@ -36,8 +36,9 @@ from ._slices import slices_kernel
 from ._specs import check_combine_args
 from ._trailer import WORDS, combine_checks
 
-__all__ = ["MAX_STATIC_SHARDS", "SLICED_ROWS", "SLICED_UNROLL", "codec_functions",
-           "combine_codec", "combine_kernel", "combine_launch", "combine_variants", "lane_weights",
+__all__ = ["FEW_WARPS", "LANE_LOADS", "MANY_WARPS", "MAX_STATIC_SHARDS", "SLICED_UNROLL",
+           "STREAM_UNROLL", "codec_functions", "combine_codec", "combine_kernel",
+           "combine_launch", "combine_unroll", "combine_variants", "lane_weights",
            "row_accumulator", "static_shards", "unpack_combine"]
 
 
@@ -175,8 +176,12 @@ def _combine_kernel(codec, group=WARP, unroll=UNROLL):
     return combine
 
 
-MAX_STATIC_SHARDS = 8  # up to this N the combine is built for its N (every shard's loads first)
-SLICED_UNROLL = 2  # the values a lane and shard of the combine for its N, for few rows
+MAX_STATIC_SHARDS = 8  # up to this N the combine is built for its N (every shard loaded first)
+SLICED_UNROLL = 2  # the fewest values a lane and shard of the combine for its N
+LANE_LOADS = 16  # the values a lane of the combine for its N loads, over every shard
+FEW_WARPS = 256  # a combine for its N launched as fewer warps moves fewer values a lane
+MANY_WARPS = 4096  # launched as more, it streams: each lane moves at least
+STREAM_UNROLL = 4  # values a shard
 
 
 def static_shards(n):
@@ -185,17 +190,13 @@ def static_shards(n):
     return int(n) if 2 <= int(n) <= MAX_STATIC_SHARDS else 0
 
 
-SLICED_ROWS = 4 * 132  # below this many rows the combine splits them (MAX_BLOCKS' H200)
-
-
 @functools.cache
 def combine_kernel(dtype, pairs=False, group=WARP, shards=0, unroll=UNROLL):
     """The combine kernel specialised for output ``dtype`` (and 16-bit pairs),
     ``group`` lanes per row and, where ``shards`` (2 to :data:`MAX_STATIC_SHARDS`),
-    for exactly that many ranks (0: any) with ``unroll`` values per lane and step
-    (:data:`SLICED_UNROLL` for few rows, :data:`UNROLL` for many); the kernel for
-    exactly N (``_slices``) splits rows over its grid's y and takes flat views of
-    the received buffer too."""
+    for exactly that many ranks (0: any) with ``unroll`` values per lane and shard
+    (:func:`combine_unroll`); the kernel for exactly N (``_slices``) splits rows
+    over its grid's y and takes flat views of the received buffer too."""
     codec, value = combine_codec(dtype, pairs)
     bits = np.dtype(np.uint32 if value.itemsize == 4 else np.uint16)
     i64 = types.int64
@@ -208,24 +209,74 @@ def combine_kernel(dtype, pairs=False, group=WARP, shards=0, unroll=UNROLL):
     return SpecializedKernel(_combine_kernel(codec, group), argtypes)
 
 
+def _unrolls(shards):
+    """The values a lane and shard that the combine for ``shards`` ranks can move
+    (:func:`combine_unroll`), most first: powers of two down to
+    :data:`SLICED_UNROLL`, from the most that keeps a lane's loads within
+    :data:`LANE_LOADS`, or :data:`STREAM_UNROLL` if more."""
+    most = SLICED_UNROLL
+    while most * 2 * shards <= LANE_LOADS:
+        most *= 2
+    unrolls = [max(most, STREAM_UNROLL)]
+    while unrolls[-1] > SLICED_UNROLL:
+        unrolls.append(unrolls[-1] // 2)
+    return unrolls
+
+
+def _slicing(elements, unroll):
+    """``(group, slices)``: the lanes of a row slice of ``unroll`` values a lane, and the
+    slices that cover ``elements``."""
+    group = lanes_per_row(elements, unroll)
+    return group, -(-elements // (group * unroll))
+
+
+def _warps(elements, rows, unroll):
+    """The warps of a combine of ``rows`` rows of ``elements`` values, ``unroll`` a lane."""
+    group, slices = _slicing(elements, unroll)
+    return -(-rows * slices * group // WARP)
+
+
+def combine_unroll(elements, rows, shards):
+    """The values a lane and shard of the combine for exactly ``shards`` ranks, for
+    ``rows`` rows of ``elements`` values (words in pairs).
+
+    The most that keeps a lane's loads within :data:`LANE_LOADS` (N = 2: 8,
+    N = 4: 4, N = 8: 2), halved (to :data:`SLICED_UNROLL` at least) while the
+    launch would have fewer than :data:`FEW_WARPS` warps, so that few rows
+    spread over more lanes; but where it would have more than
+    :data:`MANY_WARPS`, the combine streams, and each lane moves at least
+    :data:`STREAM_UNROLL` values a shard (N = 8: 4). The figures behind these
+    constants: ``benchmarks/NOTES.md``, from ``benchmarks/kernel_shapes.py``.
+    """
+    unrolls = _unrolls(shards)
+    within = [u for u in unrolls if u * shards <= LANE_LOADS] or unrolls[-1:]
+    if _warps(elements, rows, within[0]) > MANY_WARPS:
+        return unrolls[0]
+    for unroll in within:
+        if _warps(elements, rows, unroll) >= FEW_WARPS:
+            return unroll
+    return within[-1]
+
+
 def _combine_shape(elements, rows, shards):
     """``(group, unroll, slices)`` of the combine of ``rows`` rows of ``elements`` values
     (words in pairs) by the kernel for ``shards`` (:func:`static_shards`): each row
-    split into ``slices`` along the grid's y (the kernel for exactly N), few values a
-    lane for few rows; or whole rows (``slices`` 0: the kernel for any N)."""
+    split into ``slices`` along the grid's y (the kernel for exactly N,
+    :func:`combine_unroll`); or whole rows (``slices`` 0: the kernel for any N)."""
     if not shards:
         return lanes_per_row(elements), UNROLL, 0
-    unroll = SLICED_UNROLL if rows < SLICED_ROWS else UNROLL
-    group = lanes_per_row(elements, unroll)
-    return group, unroll, -(-elements // (group * unroll))
+    unroll = combine_unroll(elements, rows, shards)
+    group, slices = _slicing(elements, unroll)
+    return group, unroll, slices
 
 
 def combine_variants(elements, shards):
     """``[(group, unroll)]`` of the combine kernels that a combine of rows of ``elements``
-    values (words in pairs) can launch (:func:`combine_launch`): whole rows, and for
-    ``shards`` ranks built for their N also few rows split."""
-    whole = _combine_shape(elements, SLICED_ROWS, shards)[:2]
-    return [whole, _combine_shape(elements, 0, shards)[:2]] if shards else [whole]
+    values (words in pairs) can launch (:func:`combine_launch`): whole rows, or for
+    ``shards`` ranks built for their N one per :func:`combine_unroll` choice."""
+    if not shards:
+        return [_combine_shape(elements, 1, 0)[:2]]
+    return [(_slicing(elements, unroll)[0], unroll) for unroll in _unrolls(shards)]
 
 
 def unpack_combine(recv, out, out_lse=None, is_lse_base_on_e=True, stream=None):

@@ -94,15 +94,14 @@ def kernels():
         if dtype.itemsize == 2:  # 16-bit values combined in pairs
             add(f"combine {dtype} pairs", combine.combine_kernel(dtype, True))
         for shards in (2, 3, 8):  # the combine built for its N (every shard loaded first)
-            add(f"combine {dtype} group 32 N={shards}",
-                combine.combine_kernel(dtype, False, 32, shards))
-            add(f"combine {dtype} group 32 N={shards} sliced",
-                combine.combine_kernel(dtype, False, 32, shards, combine.SLICED_UNROLL))
-            if dtype.itemsize == 2:
-                add(f"combine {dtype} pairs N={shards}",
-                    combine.combine_kernel(dtype, True, 32, shards))
-                add(f"combine {dtype} pairs N={shards} sliced",
-                    combine.combine_kernel(dtype, True, 32, shards, combine.SLICED_UNROLL))
+            for unroll in combine._unrolls(shards):  # each that it can launch
+                suffix = {combine.UNROLL: "", combine.SLICED_UNROLL: " sliced"}.get(
+                    unroll, f" unroll {unroll}")
+                add(f"combine {dtype} group 32 N={shards}{suffix}",
+                    combine.combine_kernel(dtype, False, 32, shards, unroll))
+                if dtype.itemsize == 2:
+                    add(f"combine {dtype} pairs N={shards}{suffix}",
+                        combine.combine_kernel(dtype, True, 32, shards, unroll))
     add("agrs mask", agrs.mask_kernel(32))
     for n in (2, 3):
         add(f"bare push N={n}", bare_push.bare_push_kernel(n))

@@ -73,9 +73,11 @@ def test_a2a_variants():
     assert len(a2a_tasks(np.dtype(np.float16), 512)) == 2
     assert len(a2a_tasks(np.dtype(np.float16), 511)) == 2  # an odd D: by 16 bits
     assert len(a2a_tasks(np.dtype(np.float32), 512)) == 2
-    # N from 2 to 8: the combine for its N, on whole rows and on rows split over the grid
-    assert len(a2a_tasks(BF16, 512, 2)) == 3
+    # N from 2 to 8: the combine for its N, one for each number of values a lane that
+    # it can move (combine_unroll: N = 2: 8, 4, 2; N = 8: 4, 2)
+    assert len(a2a_tasks(BF16, 512, 2)) == 4
     assert len(a2a_tasks(np.dtype(np.float32), 512, 8)) == 3
+    assert sorted(c.args[4] for c in a2a_tasks(BF16, 512, 2)[1:]) == [2, 4, 8]
     assert len(a2a_tasks(BF16, 512, 9)) == 2  # past 8: the combine for any N
     pack, *combines = a2a_tasks(BF16, 512, 2)  # functools.partial: their arguments
     assert pack.args[0] == np.uint32 and all(c.args[1] for c in combines)  # words, pairs

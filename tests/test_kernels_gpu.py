@@ -42,11 +42,19 @@ def test_pack_bit_exact(dtype, d):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
-def test_combine_matches_reference(dtype, d, base_e):
+@pytest.mark.parametrize("loads", ["most", "fewest"])
+def test_combine_matches_reference(dtype, d, base_e, loads, monkeypatch):
+    """The combine for exactly N, with the most values a lane for its N (N = 2: 8,
+    N = 4: 4; the longer rows split over the grid) and with the fewest (2: rows
+    split)."""
+    from cupy_dcp.kernels import combine
+
+    monkeypatch.setattr(combine, "MANY_WARPS", 0 if loads == "most" else 1 << 40)
+    monkeypatch.setattr(combine, "FEW_WARPS", 1 << 40)
     to_device, to_host = cupy_io()
     rng = np.random.default_rng(d)
-    check_combine(to_device, to_host, dtype, 2, 64, 8, d, rng, base_e=base_e)  # rows split
-    check_combine(to_device, to_host, dtype, 4, 160, 4, d, rng, base_e=base_e)  # whole rows
+    check_combine(to_device, to_host, dtype, 2, 64, 8, d, rng, base_e=base_e)
+    check_combine(to_device, to_host, dtype, 4, 160, 4, d, rng, base_e=base_e)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -348,19 +348,23 @@ def test_pack_bf16x2_rounds_as_the_integer_path():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n", [2, 3, 5, 8])
-@pytest.mark.parametrize("d, sliced", [(10, False), (10, True), (150, True)])
-def test_combine_for_its_n_is_the_combine_for_any_n_bit_for_bit(dtype, n, d, sliced,
+@pytest.mark.parametrize("d, loads", [(10, "most"), (10, "fewest"), (150, "most"),
+                                      (150, "fewest")])
+def test_combine_for_its_n_is_the_combine_for_any_n_bit_for_bit(dtype, n, d, loads,
                                                                 monkeypatch):
     """The combine built for exactly N ranks (every shard loaded before any is weighed),
-    whole rows per lane group or rows split over the grid (D = 150: two or three
-    slices, the last one partial), gives the bits of the one built for any N, NaN,
-    +-inf and empty shards included."""
+    with the most values a lane for its N (N = 2: 8, else 4) or the fewest
+    (2), rows whole or split over the grid (D = 150: two or more slices, the last one
+    partial), gives the bits of the one built for any N, NaN, +-inf and empty shards
+    included."""
     from cupy_dcp.kernels import combine
     from cupy_dcp.kernels._arrays import kernel_array
     from cupy_dcp.reference import pack_reference
 
-    if not sliced:
-        monkeypatch.setattr(combine, "SLICED_ROWS", 0)
+    # MANY_WARPS 0: every launch streams (the most values a lane); else none does, and
+    # every launch counts as few warps (the fewest)
+    monkeypatch.setattr(combine, "MANY_WARPS", 0 if loads == "most" else 1 << 40)
+    monkeypatch.setattr(combine, "FEW_WARPS", 1 << 40)
     rng = np.random.default_rng(n)
     b, hn = 3, 2
     x = rng.standard_normal((b, n * hn, d)).astype(np.float32)
@@ -378,7 +382,13 @@ def test_combine_for_its_n_is_the_combine_for_any_n_bit_for_bit(dtype, n, d, sli
         kernel, grid, block, args = combine.combine_launch(
             dtype, kernel_array(recv, bits), kernel_array(out, value),
             kernel_array(out_lse, np.float32), True)
-        assert (grid[1] > 1) == (d == 150 and sliced and shards(n) != 0)
+        if shards(n):  # values (or word pairs) a row, as the kernel sees them
+            elements = args[2].shape[2]
+            unroll = combine.combine_unroll(elements, b * hn, n)
+            assert unroll == ((8 if n == 2 else 4) if loads == "most" else 2)
+            assert (grid[1] > 1) == (elements > combine.lanes_per_row(elements, unroll) * unroll)
+        else:
+            assert grid[1] == 1
         kernel(grid, block, 0, args)
         outs.append((out.view(bits).copy(), out_lse.view(np.uint32).copy()))
     np.testing.assert_array_equal(outs[0][0], outs[1][0])

@@ -1,0 +1,162 @@
+"""Which launch shape the pack and the combine run fastest in, at decode sizes.
+
+    python benchmarks/kernel_shapes.py [--rounds 3] [--calls 20] [--reps 15]
+
+One GPU; N ranks' buffers on it, as in ``python -m cupy_dcp.bench --kernels``.
+For each of the issue-27 cells of B <= 32 (and the float32 ones), and a few of
+many rows at N = 4 and 8, every
+candidate shape is timed in a CUDA graph (``--calls`` launches, the median of
+``--reps`` replays), the candidates interleaved over ``--rounds`` rounds and
+the median of the rounds reported, beside the empty kernel in the shape that
+the library picks today:
+
+- the combine for exactly N: the values each lane moves a shard (``unroll``:
+  1, 2, 4, 8; the lanes a row and the slices of a row follow from it as in
+  ``combine._combine_shape``) and the warps a block (1, 2, 4);
+- the pack: the warps a block (1, 2, 4, 8).
+
+The shape the library picks today is marked ``*``. The buffers are zeros: the
+kernels' work does not depend on the values (a weight of 0 would skip a
+shard's FMAs; zero LSEs give every shard the same weight).
+"""
+
+import argparse
+import contextlib
+import statistics
+
+import numpy as np
+
+# The issue's cells: (dtype, N, B, H, D)
+CELLS = [
+    ("bfloat16", 2, 1, 128, 512), ("bfloat16", 2, 8, 128, 512), ("bfloat16", 2, 32, 128, 512),
+    ("bfloat16", 2, 1, 32, 128), ("bfloat16", 2, 32, 32, 128),
+    ("bfloat16", 4, 1, 128, 512),
+    ("bfloat16", 8, 1, 128, 512), ("bfloat16", 8, 32, 128, 512), ("bfloat16", 8, 32, 32, 128),
+    ("bfloat16", 8, 256, 64, 128),
+    ("float32", 2, 32, 128, 512), ("float32", 8, 32, 128, 512),
+    # the many rows where N > 2 moves fewer values a lane than it did (8)
+    ("bfloat16", 4, 512, 128, 512), ("bfloat16", 4, 2048, 128, 512),
+    ("bfloat16", 8, 512, 128, 512), ("bfloat16", 8, 2048, 128, 512),
+    ("bfloat16", 8, 2048, 64, 128), ("float32", 8, 2048, 128, 512),
+]
+UNROLLS = (1, 2, 4, 8)
+COMBINE_WARPS = (1, 2, 4)
+PACK_WARPS = (1, 2, 4, 8)
+
+
+@contextlib.contextmanager
+def _shape(warps=None, unroll=None):
+    """The library's launch shape changed for the launches made inside: ``warps`` a
+    block (``_rows.WARPS_PER_BLOCK``) and the combine's ``unroll``."""
+    from cupy_dcp.kernels import _rows, combine
+
+    saved_warps, saved_shape = _rows.WARPS_PER_BLOCK, combine._combine_shape
+    if warps is not None:
+        _rows.WARPS_PER_BLOCK = warps
+    if unroll is not None:
+        def forced(elements, rows, shards):
+            group = _rows.lanes_per_row(elements, unroll)
+            return group, unroll, -(-elements // (group * unroll))
+        combine._combine_shape = forced
+    try:
+        yield
+    finally:
+        _rows.WARPS_PER_BLOCK, combine._combine_shape = saved_warps, saved_shape
+
+
+def _launches(cupy, cell):
+    """``{(kernel, shape): (kernel, grid, block, args)}`` of every candidate in ``cell``,
+    and the key of what the library picks today for each kernel."""
+    from cupy_dcp.kernels import _rows, combine
+    from cupy_dcp.kernels._arrays import dummy_index, kernel_array
+    from cupy_dcp.kernels.combine import combine_codec, combine_launch
+    from cupy_dcp.kernels.pack import pack_launch
+    from cupy_dcp.layout import as_dtype, bits_dtype, lse_pack_dim
+
+    dtype_name, n, B, H, D = cell
+    dtype = as_dtype(dtype_name)
+    bits, value = bits_dtype(dtype), combine_codec(dtype)[1]
+    x = cupy.zeros((B, H, D), dtype=dtype)
+    lse = cupy.zeros((B, H), dtype=cupy.float32)
+    send = cupy.zeros((n, B, H // n, D + lse_pack_dim(dtype)), dtype=bits)
+    recv = cupy.zeros_like(send)
+    out = cupy.zeros((B, H // n, D), dtype=dtype)
+    out_lse = cupy.zeros((B, H // n), dtype=cupy.float32)
+
+    def pack():
+        return pack_launch(kernel_array(x, bits), kernel_array(lse, np.uint32), dummy_index(),
+                           dummy_index(), -1, kernel_array(send, bits), kernel_array(recv, bits), 0)
+
+    def comb():
+        return combine_launch(dtype, kernel_array(recv, bits), kernel_array(out, value),
+                              kernel_array(out_lse, np.float32), True)
+
+    launches = {}
+    for warps in PACK_WARPS:
+        with _shape(warps=warps):
+            launches[("pack", f"warps {warps}")] = pack()
+    for unroll in UNROLLS:
+        for warps in COMBINE_WARPS:
+            with _shape(warps=warps, unroll=unroll):
+                launches[("combine", f"unroll {unroll} warps {warps}")] = comb()
+    rows = B * (H // n)
+    # what the library picks: the pack's warps, the combine's unroll (D in words where
+    # 16-bit values go in pairs)
+    elements = D // 2 if np.dtype(dtype).itemsize == 2 and D % 2 == 0 else D
+    picked_unroll = combine._combine_shape(elements, rows, n)[1]
+    picked = {"pack": f"warps {_rows.WARPS_PER_BLOCK}",
+              "combine": f"unroll {picked_unroll} warps {_rows.WARPS_PER_BLOCK}"}
+    return launches, picked, (x, lse, send, recv, out, out_lse)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--reps", type=int, default=15)
+    args = parser.parse_args()
+
+    import cupy
+
+    from cupy_dcp._floors import empty_kernel, quad_words
+    from cupy_dcp._kernel_bench import _graph_us, floor_blocks
+    from cupy_dcp.kernels._arrays import kernel_array
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    empty = empty_kernel()
+    words = cupy.zeros(quad_words(16), dtype=cupy.uint32)
+    floor_args = (kernel_array(words, np.uint32), kernel_array(words, np.uint32))
+    print(f"graph of {args.calls} calls, median of {args.reps} replays, median of "
+          f"{args.rounds} rounds; us; * the shape picked today; empty: the empty kernel "
+          f"in that shape's grid", flush=True)
+    with stream:
+        for cell in CELLS:
+            launches, picked, _keep = _launches(cupy, cell)
+            samples = {key: [] for key in launches}
+            floors = {name: [] for name in picked}
+            for _ in range(args.rounds):
+                for key, (kernel, grid, block, kargs) in launches.items():
+                    samples[key].append(_graph_us(
+                        cupy, stream, lambda: kernel(grid, block, stream.ptr, kargs),
+                        args.calls, args.reps))
+                for name in picked:
+                    _, grid, block, _ = launches[(name, picked[name])]
+                    floors[name].append(_graph_us(
+                        cupy, stream, lambda: empty(floor_blocks(grid), block, stream.ptr,
+                                                    floor_args), args.calls, args.reps))
+            dtype_name, n, B, H, D = cell
+            print(f"{dtype_name} N={n} B={B} H={H} D={D}", flush=True)
+            for name in picked:
+                mine = {shape: statistics.median(samples[(k, shape)])
+                        for k, shape in launches if k == name}
+                best = min(mine, key=mine.get)
+                cells = "  ".join(f"{shape}{'*' if shape == picked[name] else ''} {us:.2f}"
+                                  for shape, us in mine.items())
+                print(f"  {name:<8} empty {statistics.median(floors[name]):.2f}  best "
+                      f"{best} {mine[best]:.2f} (picked {mine[picked[name]]:.2f})\n"
+                      f"           {cells}", flush=True)
+            stream.synchronize()
+
+
+if __name__ == "__main__":
+    main()
