@@ -234,21 +234,23 @@ def build_mask(jit):
 
     Token ``b``'s sequence is the last ``s`` with ``query_start_loc[s] <= b``.
     Decode batches hold one token a sequence from 0 (``query_start_loc[s] = s``),
-    so ``s = b`` is tried first: its two starts load beside the bounds, and
-    only a guess that misses pays the binary search's dependent loads.
+    so ``s = b`` is tried first: its two starts and its length load beside the
+    bounds (one round trip in all), and only a guess that misses pays the
+    binary search's dependent loads.
     """
 
     @jit
     def row_is_empty(b, seq_lens, query_start_loc, num_seqs):
         if num_seqs < 0:
             return False
+        guess = min(max(b, 0), max(num_seqs - 1, 0))
+        guessed_len = seq_lens[guess] if num_seqs > 0 else 0
         first, end = query_start_loc[0], query_start_loc[num_seqs]
-        guess = min(max(b, 0), num_seqs - 1)
-        start, after = query_start_loc[guess], query_start_loc[guess + 1]
+        start, after = query_start_loc[guess], query_start_loc[min(guess + 1, num_seqs)]
         if b < first or b >= end:
             return True
         if start <= b < after:  # starts never decrease: the last s with start <= b
-            return seq_lens[guess] <= 0
+            return guessed_len <= 0
         lo = 0
         hi = num_seqs - 1
         while lo < hi:  # the last sequence whose start is <= b
