@@ -55,8 +55,8 @@ def _shape(warps=None, unroll=None):
         _rows.WARPS_PER_BLOCK = warps
     if unroll is not None:
         def forced(elements, rows, shards):
-            group = _rows.lanes_per_row(elements, unroll)
-            return group, unroll, -(-elements // (group * unroll))
+            group, slices = combine._slicing(elements, unroll)
+            return group, unroll, slices
         combine._combine_shape = forced
     try:
         yield

@@ -180,8 +180,8 @@ MAX_STATIC_SHARDS = 8  # up to this N the combine is built for its N (every shar
 SLICED_UNROLL = 2  # the fewest values a lane and shard of the combine for its N
 LANE_LOADS = 16  # the values a lane of the combine for its N loads, over every shard
 FEW_WARPS = 256  # a combine for its N launched as fewer warps moves fewer values a lane
-MANY_WARPS = 4096  # launched as more, it streams: each lane moves at least
-STREAM_UNROLL = 4  # values a shard
+MANY_WARPS = 4096  # a combine for its N launched as more warps streams its rows
+STREAM_UNROLL = 4  # the fewest values a lane and shard of a combine that streams
 
 
 def static_shards(n):
