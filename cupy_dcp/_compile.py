@@ -45,13 +45,13 @@ def a2a_tasks(dtype, head_dim, world_size=0):
         return [functools.partial(combine_kernel, dtype, pairs, group, shards, unroll)
                 for group, unroll in combine_variants(elements, shards)]
 
-    def pack(bits, elements):
-        return functools.partial(pack_kernel, np.dtype(bits), lanes_per_row(elements),
-                                 wide_rows(elements))
+    def pack(bits, elements):  # with a mask and without one
+        return [functools.partial(pack_kernel, np.dtype(bits), lanes_per_row(elements),
+                                  wide_rows(elements), masked) for masked in (True, False)]
 
     if bits.itemsize == 2 and D % 2 == 0:  # words, and bfloat16 and float16 in pairs
-        return [pack(np.uint32, D // 2)] + combines(True, D // 2)
-    return [pack(bits, D)] + combines(False, D)
+        return pack(np.uint32, D // 2) + combines(True, D // 2)
+    return pack(bits, D) + combines(False, D)
 
 
 def agrs_tasks(dtype, num_heads, head_dim):

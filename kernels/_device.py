@@ -23,7 +23,8 @@ from types import SimpleNamespace
 import numpy as np
 from numba import config, cuda, float32, int32, types, uint32
 
-from ._math import build_bits, build_held_weights, build_math, build_mask, build_row_weights
+from ._math import (build_bits, build_held_weights, build_mask, build_mask_steps, build_math,
+                    build_row_weights)
 
 __all__ = ["device_functions", "held_weights", "inline_device", "row_weights_of"]
 
@@ -88,6 +89,7 @@ def device_functions():
     funcs.update(as_float=as_float, as_bits=as_bits, pack_bf16x2=pack_bf16x2,
                  pack_f16x2=pack_f16x2, f16_low=f16_low, f16_high=f16_high,
                  row_is_empty=build_mask(jit))
+    funcs["mask_fetch"], funcs["mask_decide"] = build_mask_steps(jit)
     return funcs
 
 

@@ -28,8 +28,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-__all__ = ["NEG_INF_BITS", "build_bits", "build_held_weights", "build_mask", "build_math",
-           "build_row_weights"]
+__all__ = ["NEG_INF_BITS", "build_bits", "build_held_weights", "build_mask", "build_mask_steps",
+           "build_math", "build_row_weights"]
 
 NEG_INF_BITS = 0xFF800000
 _LN2 = math.log(2.0)
@@ -224,6 +224,50 @@ def build_bits(jit):
                            f32_to_bf16_bits=f32_to_bf16_bits, f16_to_f32_bits=f16_to_f32_bits)
 
 
+def build_mask_steps(jit):
+    """Compile :func:`build_mask`'s ``row_is_empty`` in its two steps, with decorator
+    ``jit``: ``mask_fetch(b, seq_lens, query_start_loc, num_seqs) -> fetched`` (the
+    guess's loads; none without a mask) and ``mask_decide(b, fetched, seq_lens,
+    query_start_loc, num_seqs) -> bool``. A kernel that holds two rows fetches
+    both rows' words before its stores and decides each after them, so that
+    neither row's stores wait on a mask."""
+
+    @jit
+    def mask_fetch(b, seq_lens, query_start_loc, num_seqs):
+        if num_seqs <= 0:
+            return np.int64(0), np.int64(0), np.int64(0)
+        # unsigned indices: no negative-index wraparound to compute before the loads
+        guess = np.uint64(min(max(b, 0), num_seqs - 1))
+        return seq_lens[guess], query_start_loc[guess], query_start_loc[guess + np.uint64(1)]
+
+    @jit
+    def mask_decide(b, fetched, seq_lens, query_start_loc, num_seqs):
+        if num_seqs <= 0:  # no mask; or no sequence, so that every token is padding
+            return num_seqs == 0
+        guessed_len, start, after = fetched
+        last = num_seqs - 1
+        found = (start <= b) & (b < after)
+        past = (min(max(b, 0), last) == last) & (b >= after)  # at or past the batch's end
+        empty = past | (guessed_len <= 0)
+        if not (found | past):  # the guess missed
+            first, end = query_start_loc[np.uint64(0)], query_start_loc[np.uint64(num_seqs)]
+            if (b < first) | (b >= end):
+                empty = True
+            else:
+                lo = 0
+                hi = last
+                while lo < hi:  # the last sequence whose start is <= b
+                    mid = (lo + hi + 1) // 2
+                    if query_start_loc[mid] <= b:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                empty = seq_lens[lo] <= 0
+        return empty
+
+    return mask_fetch, mask_decide
+
+
 def build_mask(jit):
     """Compile ``row_is_empty``: does token ``b`` have no KV on this rank?
 
@@ -234,31 +278,21 @@ def build_mask(jit):
 
     Token ``b``'s sequence is the last ``s`` with ``query_start_loc[s] <= b``.
     Decode batches hold one token a sequence from 0 (``query_start_loc[s] = s``),
-    so ``s = b`` is tried first: its two starts and its length load beside the
-    bounds (one round trip in all), and only a guess that misses pays the
-    binary search's dependent loads.
+    so ``s = b`` (the last sequence for ``b >= S``) is tried first: its two
+    starts and its length load together, one round trip in all. Starts never
+    decrease, so a token within the guess's starts is within the batch's
+    bounds, and one at or past the last sequence's end is padding: only a guess
+    that misses reads the bounds, and pays the binary search's dependent loads.
+    The guess is judged with ``|`` and ``&``, not ``or`` and ``and``: a short
+    circuit would let the compiler issue each load only after the test before
+    it has its answer, a round trip apiece.
     """
+
+    mask_fetch, mask_decide = build_mask_steps(jit)
 
     @jit
     def row_is_empty(b, seq_lens, query_start_loc, num_seqs):
-        if num_seqs < 0:
-            return False
-        guess = min(max(b, 0), max(num_seqs - 1, 0))
-        guessed_len = seq_lens[guess] if num_seqs > 0 else 0
-        first, end = query_start_loc[0], query_start_loc[num_seqs]
-        start, after = query_start_loc[guess], query_start_loc[min(guess + 1, num_seqs)]
-        if b < first or b >= end:
-            return True
-        if start <= b < after:  # starts never decrease: the last s with start <= b
-            return guessed_len <= 0
-        lo = 0
-        hi = num_seqs - 1
-        while lo < hi:  # the last sequence whose start is <= b
-            mid = (lo + hi + 1) // 2
-            if query_start_loc[mid] <= b:
-                lo = mid
-            else:
-                hi = mid - 1
-        return seq_lens[lo] <= 0
+        return mask_decide(b, mask_fetch(b, seq_lens, query_start_loc, num_seqs), seq_lens,
+                           query_start_loc, num_seqs)
 
     return row_is_empty

@@ -51,6 +51,32 @@ def lse_bits_reader():
 
 
 @functools.cache
+def lse_bits_steps():
+    """Device functions ``row_lse_fetch(lse_bits, b, head, seq_lens, query_start_loc,
+    num_seqs) -> fetched`` (the loads of a packed row's LSE lanes: ``lse_bits[b,
+    head]`` and the mask's, issued together) and ``row_lse_of(fetched, b, seq_lens,
+    query_start_loc, num_seqs)``: what :func:`lse_bits_reader` gives, in two steps,
+    so that a kernel holding two rows can fetch both before its stores and take
+    each row's bits after them."""
+    f = device_functions()
+    mask_fetch, mask_decide = f["mask_fetch"], f["mask_decide"]
+    neg_inf_bits = np.uint32(NEG_INF_BITS)
+
+    @cuda.jit(device=True)
+    def row_lse_fetch(lse_bits, b, head, seq_lens, query_start_loc, num_seqs):
+        return np.uint32(lse_bits[b, head]), mask_fetch(np.int64(b), seq_lens, query_start_loc,
+                                                        num_seqs)
+
+    @cuda.jit(device=True)
+    def row_lse_of(fetched, b, seq_lens, query_start_loc, num_seqs):
+        bits, words = fetched
+        empty = mask_decide(np.int64(b), words, seq_lens, query_start_loc, num_seqs)
+        return neg_inf_bits if empty else bits
+
+    return row_lse_fetch, row_lse_of
+
+
+@functools.cache
 def packed_row_steps(group=WARP, quads=False):
     """Device functions ``load_first_step(src, buf, lane, d_count, vector)``
     (this lane's first step of a row into the local array ``buf``: every load
@@ -161,8 +187,14 @@ def packed_row_steps(group=WARP, quads=False):
 
 
 @functools.cache
-def _pack_kernel(group=WARP, half=False, wide=False):
-    row_lse_bits = lse_bits_reader()
+def _pack_kernel(group=WARP, half=False, wide=False, masked=True):
+    row_lse_fetch, row_lse_of = lse_bits_steps()
+    if masked:
+        row_lse_bits = lse_bits_reader()
+    else:  # no mask code at all: fewer registers for the rows
+        @cuda.jit(device=True)
+        def row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc, num_seqs):
+            return np.uint32(lse_bits[b, head])
     put_word, _, flat_thread, _ = trailer_functions(half)
     lse_mask, lse_shift = np.uint32(LSE_HALF_MASK), np.uint32(LSE_HALF_BITS)
 
@@ -211,7 +243,9 @@ def _pack_kernel(group=WARP, half=False, wide=False):
         the grid's z), into the flat chunks ``dst``. Every load of a trip is issued
         before its first store: a trip is two steps of one row (``wide``) or one step
         of two rows, so that each lane has ``held`` loads in flight; lane 0 loads the
-        LSE bits (and searches a mask) meanwhile."""
+        LSE bits (and judges a mask) meanwhile: before the stores for one row; for
+        two, it fetches both rows' words before the stores and judges each row's
+        mask after that row's stores, so that the two masks' round trips overlap."""
         head = u32(u32(r * hn) + h)
         z = u32(cuda.gridDim.z)
         while b < b_count:
@@ -242,19 +276,32 @@ def _pack_kernel(group=WARP, half=False, wide=False):
                 load_row(src, buf, 0, lane, d_count)
                 if two:
                     load_row(data[second, head], buf, UNROLL, lane, d_count)
+                fetched = fetched_two = (np.uint32(0), (np.int64(0), np.int64(0), np.int64(0)))
                 bits_two = np.uint32(0)
                 if lane == u32(0):
-                    bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)
-                    if two:
-                        bits_two = row_lse_bits(lse_bits, second, head, seq_lens,
-                                                query_start_loc, num_seqs)
+                    if masked and two:
+                        fetched = row_lse_fetch(lse_bits, b, head, seq_lens, query_start_loc,
+                                                num_seqs)
+                        fetched_two = row_lse_fetch(lse_bits, second, head, seq_lens,
+                                                    query_start_loc, num_seqs)
+                    else:
+                        bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc,
+                                            num_seqs)
+                        if two:
+                            bits_two = row_lse_bits(lse_bits, second, head, seq_lens,
+                                                    query_start_loc, num_seqs)
                 store_row(dst, at, buf, 0, lane, d_count)
                 if lane == u32(0):
+                    if masked and two:
+                        bits = row_lse_of(fetched, b, seq_lens, query_start_loc, num_seqs)
                     put_lse(dst, at, bits, d_count, width)
                 if two:
                     at = row_start(r, second, h, tokens, hn, width)
                     store_row(dst, at, buf, UNROLL, lane, d_count)
                     if lane == u32(0):
+                        if masked:
+                            bits_two = row_lse_of(fetched_two, second, seq_lens,
+                                                  query_start_loc, num_seqs)
                         put_lse(dst, at, bits_two, d_count, width)
                 b = u32(second + z)
 
@@ -324,21 +371,23 @@ def _pack_kernel(group=WARP, half=False, wide=False):
 
 
 @functools.cache
-def pack_kernel(bits, group=WARP, wide=False):
+def pack_kernel(bits, group=WARP, wide=False, masked=True):
     """The pack kernel specialised for element bits ``bits`` (uint16 or uint32),
     ``group`` lanes per row and rows of more than one step (``wide``: each lane
     loads two steps, then stores them, so that a row costs one memory round trip
     for every two steps; :func:`pack_launch` picks it for ``D > group * UNROLL``:
-    float32 at D = 512, 16-bit words at D = 576). Its arguments are
-    :func:`pack_launch`'s, then flat (1-D) views of ``send`` and ``recv``."""
+    float32 at D = 512, 16-bit words at D = 576), with a mask or without one
+    (``masked``: a kernel without reads no ``seq_lens`` and holds no mask's
+    registers; :func:`pack_launch` picks it for ``num_seqs < 0``). Its arguments
+    are :func:`pack_launch`'s, then flat (1-D) views of ``send`` and ``recv``."""
     i64 = types.int64
     argtypes = (array_type(bits, 3, False), array_type(np.uint32, 2, False),
                 array_type(np.int64, 1, True), array_type(np.int64, 1, True), i64,
                 array_type(bits, 4, True), array_type(bits, 4, True), i64,
                 array_type(np.int64, 1, True), array_type(np.int64, 1, True),
                 array_type(bits, 1, True), array_type(bits, 1, True))
-    return SpecializedKernel(_pack_kernel(group, np.dtype(bits).itemsize == 2, bool(wide)),
-                             argtypes)
+    return SpecializedKernel(_pack_kernel(group, np.dtype(bits).itemsize == 2, bool(wide),
+                                          bool(masked)), argtypes)
 
 
 def wide_rows(elements):
@@ -417,6 +466,7 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
     signature, state = (dummy_index(), dummy_index()) if signed is None else signed
     group = lanes_per_row(data.shape[2])
     grid, block = tile_grid(send.shape[2], data.shape[0], group, send.shape[0])
-    return pack_kernel(data.dtype, group, wide_rows(data.shape[2])), grid, block, (
+    kernel = pack_kernel(data.dtype, group, wide_rows(data.shape[2]), int(num_seqs) >= 0)
+    return kernel, grid, block, (
         data, lse_bits, seq_lens, query_start_loc, int(num_seqs), send, recv, int(self_rank),
         signature, state, send.flat(), recv.flat())

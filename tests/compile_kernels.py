@@ -86,6 +86,9 @@ def kernels():
         for group in (8, 32):
             add(f"pack {np.dtype(bits)} group {group}", pack.pack_kernel(np.dtype(bits), group))
         add(f"pack {np.dtype(bits)} group 32 wide", pack.pack_kernel(np.dtype(bits), 32, True))
+        for group, wide in ((8, False), (32, False), (32, True)):  # with no mask
+            add(f"pack {np.dtype(bits)} group {group}{' wide' if wide else ''} unmasked",
+                pack.pack_kernel(np.dtype(bits), group, wide, False))
     for dtype in dtypes:
         for group in (8, 32):
             add(f"combine {dtype} group {group}", combine.combine_kernel(dtype, False, group))

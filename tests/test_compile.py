@@ -67,22 +67,25 @@ def test_unknown_blocks_count_every_reachable_path():
 
 
 def test_a2a_variants():
-    # one pack and one combine: 16-bit data of an even D by words and combined in pairs
-    # (the plan stages arrays that cannot be seen so), else by values
-    assert len(a2a_tasks(BF16, 512)) == 2
-    assert len(a2a_tasks(np.dtype(np.float16), 512)) == 2
-    assert len(a2a_tasks(np.dtype(np.float16), 511)) == 2  # an odd D: by 16 bits
-    assert len(a2a_tasks(np.dtype(np.float32), 512)) == 2
+    # the pack with a mask and without one, and one combine: 16-bit data of an even D by
+    # words and combined in pairs (the plan stages arrays that cannot be seen so), else by
+    # values
+    assert len(a2a_tasks(BF16, 512)) == 3
+    assert len(a2a_tasks(np.dtype(np.float16), 512)) == 3
+    assert len(a2a_tasks(np.dtype(np.float16), 511)) == 3  # an odd D: by 16 bits
+    assert len(a2a_tasks(np.dtype(np.float32), 512)) == 3
     # N from 2 to 8: the combine for its N, one for each number of values a lane that
     # it can move (combine_unroll: N = 2: 8, 4, 2; N = 8: 4, 2)
-    assert len(a2a_tasks(BF16, 512, 2)) == 4
-    assert len(a2a_tasks(np.dtype(np.float32), 512, 8)) == 3
-    assert sorted(c.args[4] for c in a2a_tasks(BF16, 512, 2)[1:]) == [2, 4, 8]
-    assert len(a2a_tasks(BF16, 512, 9)) == 2  # past 8: the combine for any N
-    pack, *combines = a2a_tasks(BF16, 512, 2)  # functools.partial: their arguments
-    assert pack.args[0] == np.uint32 and all(c.args[1] for c in combines)  # words, pairs
-    pack, *combines = a2a_tasks(BF16, 511, 2)
-    assert pack.args[0] == np.uint16 and not any(c.args[1] for c in combines)
+    assert len(a2a_tasks(BF16, 512, 2)) == 5
+    assert len(a2a_tasks(np.dtype(np.float32), 512, 8)) == 4
+    assert sorted(c.args[4] for c in a2a_tasks(BF16, 512, 2)[2:]) == [2, 4, 8]
+    assert len(a2a_tasks(BF16, 512, 9)) == 3  # past 8: the combine for any N
+    masked, unmasked, *combines = a2a_tasks(BF16, 512, 2)  # functools.partial: their arguments
+    assert masked.args[3] and not unmasked.args[3]
+    assert masked.args[0] == unmasked.args[0] == np.uint32 and all(c.args[1] for c in combines)
+    masked, unmasked, *combines = a2a_tasks(BF16, 511, 2)
+    assert masked.args[0] == unmasked.args[0] == np.uint16
+    assert not any(c.args[1] for c in combines)
 
 
 CALL_KERNELS = """
