@@ -84,12 +84,12 @@ def device_functions():
     else:
         pack_bf16x2, pack_f16x2 = _pack_x2("bf16x2"), _pack_x2("f16x2")
         f16_low, f16_high = _f16_half(0), _f16_half(1)
+    steps = build_mask_steps(jit)  # row_is_empty, and the pack's two-row trips, in two steps
     funcs = dict(vars(math))
     funcs.update(vars(bits))
     funcs.update(as_float=as_float, as_bits=as_bits, pack_bf16x2=pack_bf16x2,
                  pack_f16x2=pack_f16x2, f16_low=f16_low, f16_high=f16_high,
-                 row_is_empty=build_mask(jit))
-    funcs["mask_fetch"], funcs["mask_decide"] = build_mask_steps(jit)
+                 mask_fetch=steps[0], mask_decide=steps[1], row_is_empty=build_mask(jit, steps))
     return funcs
 
 

@@ -268,8 +268,10 @@ def build_mask_steps(jit):
     return mask_fetch, mask_decide
 
 
-def build_mask(jit):
+def build_mask(jit, steps=None):
     """Compile ``row_is_empty``: does token ``b`` have no KV on this rank?
+    ``steps``: :func:`build_mask_steps`' pair, already built with ``jit``, to
+    compose (built here by default).
 
     ``seq_lens [S]`` and ``query_start_loc [S+1]`` describe the batch; with
     ``num_seqs < 0`` nothing is masked. A token is empty when it lies outside
@@ -288,7 +290,7 @@ def build_mask(jit):
     it has its answer, a round trip apiece.
     """
 
-    mask_fetch, mask_decide = build_mask_steps(jit)
+    mask_fetch, mask_decide = steps or build_mask_steps(jit)
 
     @jit
     def row_is_empty(b, seq_lens, query_start_loc, num_seqs):
