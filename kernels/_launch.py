@@ -96,6 +96,27 @@ class DeviceArray:
         return DeviceArray(self.ptr, shape[:-1] + (shape[-1] // 2,), strides[:-1] + (4,),
                            _WORD, self.owner)
 
+    def span(self):
+        """This array's elements as one axis from its first, or an empty view.
+
+        The 1-D view starting at this array's pointer that reaches every element,
+        where the last axis is unit-stride and every other stride is a
+        non-negative multiple of the element size, below 2**32 elements (axes of
+        extent 1 impose nothing): a kernel then finds element ``(i, j, ..., k)`` at ``i * s_0 + j
+        * s_1 + ... + k`` (``s`` the strides in elements). Otherwise, or when the
+        array is empty, a view of no elements at the same pointer."""
+        item, span, ok = self.dtype.itemsize, 1, self.size > 0
+        last = len(self.shape) - 1
+        for axis, (extent, stride) in enumerate(zip(self.shape, self.strides)):
+            if extent <= 1:
+                continue
+            if stride < 0 or stride % item or stride // item >= 2 ** 32 or \
+                    (axis == last and stride != item):
+                ok = False
+                break
+            span += (extent - 1) * (stride // item)
+        return DeviceArray(self.ptr, (span if ok else 0,), (item,), self.dtype, self.owner)
+
     def rows_aligned(self, alignment):
         """Does every row (the last axis) start on an ``alignment``-byte boundary and
         run contiguously? (Axes of extent 1 impose nothing.)"""

@@ -6,7 +6,10 @@ patterns (uint16 or uint32), so one kernel serves every dtype.
 
 A group of lanes per (rank, token, head) row, found from the grid alone
 (``_rows.tile_grid``: heads along x, ranks along y, tokens along z); it writes
-its row through a flat view of the buffer. :func:`packed_row_steps` holds the
+its row through a flat view of the buffer, and reads it through a flat view of
+the input (``DeviceArray.span``) where the input's rows are unit-stride and the
+kernel has no mask: one base address and constant offsets, where a strided
+read computes an address per element. :func:`packed_row_steps` holds the
 row steps that the direct path's tiles kernel shares.
 """
 
@@ -200,6 +203,7 @@ def _pack_kernel(group=WARP, half=False, wide=False, masked=True):
 
     u32, u64 = np.uint32, np.uint64
     u_group, u_words, u_tokens, u_call = u64(group), u64(WORDS), u64(TOKENS), u64(CALL)
+    u_item = u64(2 if half else 4)  # the bytes of an element
     per_warp, u_one = u32(WARP // group), u32(1)
     held = 2 * UNROLL  # the elements a lane loads before it stores: two steps, or two rows
     u_held_step = u32(held * group)
@@ -222,23 +226,60 @@ def _pack_kernel(group=WARP, half=False, wide=False, masked=True):
             dst[end] = bits & lse_mask
             dst[end + u64(1)] = (bits >> lse_shift) & lse_mask
 
-    @jit
-    def load_row(src, buf, at, lane, d_count):
-        for k in range(UNROLL):
-            d = u32(lane + u32(k * group))
-            if d < d_count:
-                buf[at + k] = src[d]
+    def loader(count):
+        """``load(data, data_flat, unit, s0, s1, b, head, buf, at, first, d_count)``:
+        elements ``first + k * group`` (``k < count``, each below ``d_count``) of
+        row ``data[b, head]`` into ``buf[at + k]``. ``unit``: read through the flat
+        view ``data_flat`` (``data.span()``; ``s0``, ``s1`` its strides in
+        elements), so that every load is one base address and a constant offset;
+        otherwise through ``data``'s strides, an address computed per element."""
+        last = (count - 1) * group
+
+        @jit
+        def load(data, data_flat, unit, s0, s1, b, head, buf, at, first, d_count):
+            if unit:
+                src_at = u64(b) * u64(s0) + u64(head) * u64(s1) + u64(first)
+                if u32(first + u32(last)) < d_count:  # every element in the row: no tests
+                    for k in range(count):
+                        buf[at + k] = data_flat[src_at + u64(k * group)]
+                else:
+                    for k in range(count):
+                        if u32(first + u32(k * group)) < d_count:
+                            buf[at + k] = data_flat[src_at + u64(k * group)]
+            else:
+                src = data[b, head]
+                for k in range(count):
+                    d = u32(first + u32(k * group))
+                    if d < d_count:
+                        buf[at + k] = src[d]
+
+        return load
+
+    def storer(count):
+        """``store(dst, at, buf, offset, first, d_count)``: ``buf[offset + k]`` into
+        ``dst[at + first + k * group]`` (``k < count``, ``first + k * group`` below
+        ``d_count``): one base address, constant offsets."""
+        last = (count - 1) * group
+
+        @jit
+        def store(dst, at, buf, offset, first, d_count):
+            to = at + u64(first)
+            if u32(first + u32(last)) < d_count:  # every element in the row: no tests
+                for k in range(count):
+                    dst[to + u64(k * group)] = buf[offset + k]
+            else:
+                for k in range(count):
+                    if u32(first + u32(k * group)) < d_count:
+                        dst[to + u64(k * group)] = buf[offset + k]
+
+        return store
+
+    load_row, store_row = loader(UNROLL), storer(UNROLL)
+    load_held, store_held = loader(held), storer(held)
 
     @jit
-    def store_row(dst, at, buf, offset, lane, d_count):
-        for k in range(UNROLL):
-            d = u32(lane + u32(k * group))
-            if d < d_count:
-                dst[at + u64(d)] = buf[offset + k]
-
-    @jit
-    def pack_rows(data, lse_bits, seq_lens, query_start_loc, num_seqs, dst, r, h, b, b_count,
-                  tokens, hn, width, d_count, lane, buf):
+    def pack_rows(data, data_flat, unit, s0, s1, lse_bits, seq_lens, query_start_loc, num_seqs,
+                  dst, r, h, b, b_count, tokens, hn, width, d_count, lane, buf):
         """This lane's share of the rows ``(r, b, h)`` of tokens ``b, b + Z, ...`` (``Z``
         the grid's z), into the flat chunks ``dst``. Every load of a trip is issued
         before its first store: a trip is two steps of one row (``wide``) or one step
@@ -248,24 +289,18 @@ def _pack_kernel(group=WARP, half=False, wide=False, masked=True):
         mask after that row's stores, so that the two masks' round trips overlap."""
         head = u32(u32(r * hn) + h)
         z = u32(cuda.gridDim.z)
+        source = (data, data_flat, unit, s0, s1)
         while b < b_count:
-            src = data[b, head]
             at = row_start(r, b, h, tokens, hn, width)
             bits = np.uint32(0)
             if wide:
                 base = lane
                 while base < d_count:
-                    for k in range(held):
-                        d = u32(base + u32(k * group))
-                        if d < d_count:
-                            buf[k] = src[d]
+                    load_held(*source, b, head, buf, 0, base, d_count)
                     if lane == u32(0) and base == u32(0):
                         bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc,
                                             num_seqs)
-                    for k in range(held):
-                        d = u32(base + u32(k * group))
-                        if d < d_count:
-                            dst[at + u64(d)] = buf[k]
+                    store_held(dst, at, buf, 0, base, d_count)
                     base = u32(base + u_held_step)
                 if lane == u32(0):
                     put_lse(dst, at, bits, d_count, width)
@@ -273,9 +308,9 @@ def _pack_kernel(group=WARP, half=False, wide=False, masked=True):
             else:
                 second = u32(b + z)
                 two = second < b_count
-                load_row(src, buf, 0, lane, d_count)
+                load_row(*source, b, head, buf, 0, lane, d_count)
                 if two:
-                    load_row(data[second, head], buf, UNROLL, lane, d_count)
+                    load_row(*source, second, head, buf, UNROLL, lane, d_count)
                 fetched = fetched_two = (np.uint32(0), (np.int64(0), np.int64(0), np.int64(0)))
                 bits_two = np.uint32(0)
                 if lane == u32(0):
@@ -312,7 +347,7 @@ def _pack_kernel(group=WARP, half=False, wide=False, masked=True):
 
     @cuda.jit(**limits)
     def pack(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank,
-             signature, state, send_flat, recv_flat):
+             signature, state, send_flat, recv_flat, data_flat):
         b_count = u32(data.shape[0])
         hn = u32(send.shape[2])
         # A plan's trailer rows: threads 0 .. N * WORDS - 1 of the blocks of the first rank
@@ -337,16 +372,25 @@ def _pack_kernel(group=WARP, half=False, wide=False, masked=True):
         h = u32(u32(warp * per_warp) + u32(tx // u_group))
         r = u32(cuda.blockIdx.y)  # the grid's y: the rank a chunk goes to
         buf = cuda.local.array(held, send_flat.dtype)
+        # Rows are read through data_flat where the host made it (data.span(): rows
+        # unit-stride), except in a kernel with a mask: it holds more words, and those
+        # registers would spill
+        unit = not masked and data_flat.shape[0] > 0
+        s0 = s1 = u32(0)
+        if unit:  # data's strides are then not negative, and below 2**32 elements
+            s0, s1 = u32(u64(data.strides[0]) // u_item), u32(u64(data.strides[1]) // u_item)
         if h < hn:
             # our own chunk skips the exchange: it goes straight to the receive buffer
             # (each buffer on its own path, so that the stores are known to be global)
             own = self_rank >= 0 and r == u32(self_rank)
+            source = (data, data_flat, unit, s0, s1, lse_bits, seq_lens, query_start_loc,
+                      num_seqs)
             args = (r, h, u32(cuda.blockIdx.z), b_count, u32(send.shape[1]), hn,
                     u32(send.shape[3]), u32(data.shape[2]), lane, buf)
             if own:
-                pack_rows(data, lse_bits, seq_lens, query_start_loc, num_seqs, recv_flat, *args)
+                pack_rows(*source, recv_flat, *args)
             else:
-                pack_rows(data, lse_bits, seq_lens, query_start_loc, num_seqs, send_flat, *args)
+                pack_rows(*source, send_flat, *args)
         if t < words:
             if t == u64(0):
                 state[1] = count
@@ -379,13 +423,15 @@ def pack_kernel(bits, group=WARP, wide=False, masked=True):
     float32 at D = 512, 16-bit words at D = 576), with a mask or without one
     (``masked``: a kernel without reads no ``seq_lens`` and holds no mask's
     registers; :func:`pack_launch` picks it for ``num_seqs < 0``). Its arguments
-    are :func:`pack_launch`'s, then flat (1-D) views of ``send`` and ``recv``."""
+    are :func:`pack_launch`'s, then flat (1-D) views of ``send`` and ``recv``, then
+    ``data.span()`` (the rows are read through it where it is not empty, in a
+    kernel without a mask)."""
     i64 = types.int64
     argtypes = (array_type(bits, 3, False), array_type(np.uint32, 2, False),
                 array_type(np.int64, 1, True), array_type(np.int64, 1, True), i64,
                 array_type(bits, 4, True), array_type(bits, 4, True), i64,
                 array_type(np.int64, 1, True), array_type(np.int64, 1, True),
-                array_type(bits, 1, True), array_type(bits, 1, True))
+                array_type(bits, 1, True), array_type(bits, 1, True), array_type(bits, 1, True))
     return SpecializedKernel(_pack_kernel(group, np.dtype(bits).itemsize == 2, bool(wide),
                                           bool(masked)), argtypes)
 
@@ -469,4 +515,4 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
     kernel = pack_kernel(data.dtype, group, wide_rows(data.shape[2]), int(num_seqs) >= 0)
     return kernel, grid, block, (
         data, lse_bits, seq_lens, query_start_loc, int(num_seqs), send, recv, int(self_rank),
-        signature, state, send.flat(), recv.flat())
+        signature, state, send.flat(), recv.flat(), data.span())

@@ -47,12 +47,27 @@ def assert_combine_close(got, expect, xs, ls, dtype, base_e=True):
                            f"at reference {expect[bad][np.argmax(err[bad])]:.6g} ({dtype})")
 
 
+PACK_LAYOUTS = ("heads_major", "every_other", "tokens_reversed")
+
+
 def check_pack(to_device, to_host, dtype, n, b, h, d, rng, strided=False, lse_dtype=np.float32):
-    """pack_send is bit-exact against pack_reference."""
+    """pack_send is bit-exact against pack_reference. ``strided``: the input's layout,
+    one of :data:`PACK_LAYOUTS` (``True``: the first): a [H, B, D] storage seen as
+    [B, H, D] (rows unit-stride: read through a flat view), every other element of a
+    [B, H, 2D] storage, and a token axis of negative stride (both read through the
+    strides)."""
     xs, ls = make_inputs(rng, 1, b, h, d, dtype)
     x, lse = xs[0], ls[0]
-    if strided:  # a [H, B, D] storage seen as [B, H, D]
+    if strided is True or strided == "heads_major":
         dev_x = to_device(np.ascontiguousarray(x.transpose(1, 0, 2))).transpose(1, 0, 2)
+    elif strided == "every_other":
+        wide = np.zeros((b, h, 2 * d), dtype=dtype)
+        wide[:, :, ::2] = x
+        dev_x = to_device(wide)[:, :, ::2]
+    elif strided == "tokens_reversed":
+        dev_x = to_device(np.ascontiguousarray(x[::-1]))[::-1]
+    elif strided:
+        raise ValueError(f"unknown layout {strided!r}")
     else:
         dev_x = to_device(x)
     send = to_device(np.zeros((n, b, h // n, d + lse_pack_dim(dtype)), dtype=dtype))

@@ -243,3 +243,23 @@ def test_rows_aligned_for_16_byte_pushes(ptr, shape, strides, aligned):
     from cupy_dcp.kernels._launch import DeviceArray
 
     assert DeviceArray(ptr, shape, strides, np.uint32, None).rows_aligned(16) == aligned
+
+
+@pytest.mark.parametrize("shape, strides, span", [
+    ((3, 4, 8), (128, 32, 4), 96),  # C-contiguous: every element
+    ((3, 4, 8), (32, 96, 4), 96),  # heads major: the same elements, in another order
+    ((3, 4, 8), (256, 64, 4), 2 * 64 + 3 * 16 + 8),  # rows with gaps between them
+    ((1, 4, 8), (-7, 32, 4), 32),  # an axis of one element imposes nothing
+    ((3, 4, 8), (128, 32, 8), 0),  # rows not unit-stride
+    ((3, 4, 8), (-128, 32, 4), 0),  # a negative stride
+    ((3, 4, 8), (130, 32, 4), 0),  # a stride of part of an element
+    ((3, 4, 8), (2 ** 34, 32, 4), 0),  # a stride of 2**32 elements or more
+    ((0, 4, 8), (128, 32, 4), 0),  # no elements
+])
+def test_span_reaches_every_element_or_is_empty(shape, strides, span):
+    """The pack reads rows through ``span()`` where it is not empty: a flat view from
+    the array's pointer reaching its last element, offsets ``i * s_0 + j * s_1 + k``."""
+    from cupy_dcp.kernels._launch import DeviceArray
+
+    flat = DeviceArray(256, shape, strides, np.uint32, None).span()
+    assert (flat.ptr, flat.shape, flat.strides) == (256, (span,), (4,))

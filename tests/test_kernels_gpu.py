@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from gpu import requires_gpu
-from kernel_checks import (DTYPES, QUAD_CASES, check_bare_push, check_combine, check_direct,
+from kernel_checks import (DTYPES, PACK_LAYOUTS, QUAD_CASES, check_bare_push, check_combine, check_direct,
                            check_direct_missing_peer, check_direct_quads, check_pack,
                            check_pack_bf16x2)
 
@@ -36,7 +36,8 @@ def test_pack_bit_exact(dtype, d):
     to_device, to_host = cupy_io()
     rng = np.random.default_rng(d)
     check_pack(to_device, to_host, dtype, 2, 64, 16, d, rng)
-    check_pack(to_device, to_host, dtype, 4, 3, 8, d, rng, strided=True)
+    for layout in PACK_LAYOUTS:
+        check_pack(to_device, to_host, dtype, 4, 3, 8, d, rng, strided=layout)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

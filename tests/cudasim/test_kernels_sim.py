@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from numba import cuda  # the simulator's, swapped in for the kernels' global ``cuda``
 
-from kernel_checks import (DTYPES, QUAD_CASES, check_agrs, check_bare_push, check_combine,
+from kernel_checks import (DTYPES, PACK_LAYOUTS, QUAD_CASES, check_agrs, check_bare_push, check_combine,
                            check_direct, check_direct_missing_peer, check_direct_quads,
                            check_pack, check_pack_bf16x2)
 
@@ -36,7 +36,9 @@ def test_pack_bit_exact(dtype, shape):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_pack_strided_input_and_lse_conversion(dtype):
     rng = np.random.default_rng(7)
-    check_pack(ident, host, dtype, 2, 3, 4, 5, rng, strided=True)
+    for layout in PACK_LAYOUTS:
+        check_pack(ident, host, dtype, 2, 3, 4, 5, rng, strided=layout)
+        check_pack(ident, host, dtype, 2, 3, 2, 300, rng, strided=layout)  # the wide pack
     check_pack(ident, host, dtype, 2, 3, 4, 5, rng, lse_dtype=np.float16)
 
 
