@@ -97,25 +97,30 @@ class DeviceArray:
                            _WORD, self.owner)
 
     def span(self):
-        """This array's elements as one axis from its first, or an empty view.
+        """This array's elements as one axis from its first, or :meth:`nothing`.
 
         The 1-D view starting at this array's pointer that reaches every element,
         where the last axis is unit-stride and every other stride is a
         non-negative multiple of the element size, below 2**32 elements (axes of
-        extent 1 impose nothing): a kernel then finds element ``(i, j, ..., k)`` at ``i * s_0 + j
-        * s_1 + ... + k`` (``s`` the strides in elements). Otherwise, or when the
-        array is empty, a view of no elements at the same pointer."""
-        item, span, ok = self.dtype.itemsize, 1, self.size > 0
+        extent 1 impose nothing): a kernel then finds element ``(i, j, ..., k)``
+        at ``i * s_0 + j * s_1 + ... + k`` (``s`` the strides in elements).
+        Otherwise, or when the array is empty, no elements."""
+        item, span = self.dtype.itemsize, 1
+        if self.size == 0:
+            return self.nothing()
         last = len(self.shape) - 1
         for axis, (extent, stride) in enumerate(zip(self.shape, self.strides)):
             if extent <= 1:
                 continue
             if stride < 0 or stride % item or stride // item >= 2 ** 32 or \
                     (axis == last and stride != item):
-                ok = False
-                break
+                return self.nothing()
             span += (extent - 1) * (stride // item)
-        return DeviceArray(self.ptr, (span if ok else 0,), (item,), self.dtype, self.owner)
+        return DeviceArray(self.ptr, (span,), (item,), self.dtype, self.owner)
+
+    def nothing(self):
+        """A 1-D view of no elements at this array's pointer."""
+        return DeviceArray(self.ptr, (0,), (self.dtype.itemsize,), self.dtype, self.owner)
 
     def rows_aligned(self, alignment):
         """Does every row (the last axis) start on an ``alignment``-byte boundary and

@@ -383,14 +383,14 @@ def _pack_kernel(group=WARP, half=False, wide=False, masked=True):
             # our own chunk skips the exchange: it goes straight to the receive buffer
             # (each buffer on its own path, so that the stores are known to be global)
             own = self_rank >= 0 and r == u32(self_rank)
-            source = (data, data_flat, unit, s0, s1, lse_bits, seq_lens, query_start_loc,
+            inputs = (data, data_flat, unit, s0, s1, lse_bits, seq_lens, query_start_loc,
                       num_seqs)
             args = (r, h, u32(cuda.blockIdx.z), b_count, u32(send.shape[1]), hn,
                     u32(send.shape[3]), u32(data.shape[2]), lane, buf)
             if own:
-                pack_rows(*source, recv_flat, *args)
+                pack_rows(*inputs, recv_flat, *args)
             else:
-                pack_rows(*source, send_flat, *args)
+                pack_rows(*inputs, send_flat, *args)
         if t < words:
             if t == u64(0):
                 state[1] = count
@@ -512,7 +512,10 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
     signature, state = (dummy_index(), dummy_index()) if signed is None else signed
     group = lanes_per_row(data.shape[2])
     grid, block = tile_grid(send.shape[2], data.shape[0], group, send.shape[0])
-    kernel = pack_kernel(data.dtype, group, wide_rows(data.shape[2]), int(num_seqs) >= 0)
+    masked = int(num_seqs) >= 0
+    kernel = pack_kernel(data.dtype, group, wide_rows(data.shape[2]), masked)
+    # a kernel with a mask reads data through its strides: its flat view goes unread
+    rows = data.nothing() if masked else data.span()
     return kernel, grid, block, (
         data, lse_bits, seq_lens, query_start_loc, int(num_seqs), send, recv, int(self_rank),
-        signature, state, send.flat(), recv.flat(), data.span())
+        signature, state, send.flat(), recv.flat(), rows)

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from gpu import requires_gpu
-from kernel_checks import (DTYPES, PACK_LAYOUTS, QUAD_CASES, check_bare_push, check_combine, check_direct,
-                           check_direct_missing_peer, check_direct_quads, check_pack,
-                           check_pack_bf16x2)
+from kernel_checks import (DTYPES, PACK_LAYOUTS, QUAD_CASES, check_bare_push, check_combine,
+                           check_direct, check_direct_missing_peer, check_direct_quads,
+                           check_pack, check_pack_bf16x2)
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from numba import cuda  # the simulator's, swapped in for the kernels' global ``cuda``
 
-from kernel_checks import (DTYPES, PACK_LAYOUTS, QUAD_CASES, check_agrs, check_bare_push, check_combine,
-                           check_direct, check_direct_missing_peer, check_direct_quads,
-                           check_pack, check_pack_bf16x2)
+from kernel_checks import (DTYPES, PACK_LAYOUTS, QUAD_CASES, check_agrs, check_bare_push,
+                           check_combine, check_direct, check_direct_missing_peer,
+                           check_direct_quads, check_pack, check_pack_bf16x2)
 
 
 def ident(x):
