@@ -7,10 +7,12 @@ patterns (uint16 or uint32), so one kernel serves every dtype.
 A group of lanes per (rank, token, head) row, found from the grid alone
 (``_rows.tile_grid``: heads along x, ranks along y, tokens along z); it writes
 its row through a flat view of the buffer, and reads it through a flat view of
-the input (``DeviceArray.span``) where the input's rows are unit-stride and the
-kernel has no mask: one base address and constant offsets, where a strided
-read computes an address per element. :func:`packed_row_steps` holds the
-row steps that the direct path's tiles kernel shares.
+the input (``DeviceArray.span``) where the input's rows are unit-stride: one
+base address and constant offsets, where a strided read computes an address
+per element (a masked kernel's trips of two rows read through the strides:
+with both rows' mask words held, flat reads would spill).
+:func:`packed_row_steps` holds the row steps that the direct path's tiles
+kernel shares.
 """
 
 import functools
@@ -282,22 +284,26 @@ def _pack_kernel(group=WARP, half=False, wide=False, masked=True):
                   dst, r, h, b, b_count, tokens, hn, width, d_count, lane, buf):
         """This lane's share of the rows ``(r, b, h)`` of tokens ``b, b + Z, ...`` (``Z``
         the grid's z), into the flat chunks ``dst``. Every load of a trip is issued
-        before its first store: a trip is two steps of one row (``wide``) or one step
-        of two rows, so that each lane has ``held`` loads in flight; lane 0 loads the
-        LSE bits (and judges a mask) meanwhile: before the stores for one row; for
-        two, it fetches both rows' words before the stores and judges each row's
-        mask after that row's stores, so that the two masks' round trips overlap."""
+        before its first store: a trip is two steps of one row (``wide``), or one step
+        of two rows where the grid's z is below the tokens (of one otherwise), so
+        that each lane has up to ``held`` loads in flight. Lane 0 loads the LSE bits
+        and a mask's words meanwhile and judges each row's mask after that row's
+        stores, so that no store waits on a mask and two rows' round trips overlap;
+        a wide row's mask is judged before its stores (its words, held across
+        sixteen stores, would spill)."""
         head = u32(u32(r * hn) + h)
         z = u32(cuda.gridDim.z)
         source = (data, data_flat, unit, s0, s1)
         while b < b_count:
             at = row_start(r, b, h, tokens, hn, width)
-            bits = np.uint32(0)
+            bits = bits_two = np.uint32(0)
+            fetched = fetched_two = (np.uint32(0), (np.int64(0), np.int64(0), np.int64(0)))
             if wide:
                 base = lane
                 while base < d_count:
                     load_held(*source, b, head, buf, 0, base, d_count)
-                    if lane == u32(0) and base == u32(0):
+                    if lane == u32(0) and base == u32(0):  # (held across the stores, a
+                        # mask's words would spill: it is judged before them)
                         bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc,
                                             num_seqs)
                     store_held(dst, at, buf, 0, base, d_count)
@@ -308,17 +314,21 @@ def _pack_kernel(group=WARP, half=False, wide=False, masked=True):
             else:
                 second = u32(b + z)
                 two = second < b_count
-                load_row(*source, b, head, buf, 0, lane, d_count)
-                if two:
-                    load_row(*source, second, head, buf, UNROLL, lane, d_count)
-                fetched = fetched_two = (np.uint32(0), (np.int64(0), np.int64(0), np.int64(0)))
-                bits_two = np.uint32(0)
+                if masked and two:  # strided reads: with both rows' mask words flat ones spill
+                    load_row(data, data_flat, False, s0, s1, b, head, buf, 0, lane, d_count)
+                    load_row(data, data_flat, False, s0, s1, second, head, buf, UNROLL, lane,
+                             d_count)
+                else:
+                    load_row(*source, b, head, buf, 0, lane, d_count)
+                    if two:
+                        load_row(*source, second, head, buf, UNROLL, lane, d_count)
                 if lane == u32(0):
-                    if masked and two:
+                    if masked:
                         fetched = row_lse_fetch(lse_bits, b, head, seq_lens, query_start_loc,
                                                 num_seqs)
-                        fetched_two = row_lse_fetch(lse_bits, second, head, seq_lens,
-                                                    query_start_loc, num_seqs)
+                        if two:
+                            fetched_two = row_lse_fetch(lse_bits, second, head, seq_lens,
+                                                        query_start_loc, num_seqs)
                     else:
                         bits = row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc,
                                             num_seqs)
@@ -327,7 +337,7 @@ def _pack_kernel(group=WARP, half=False, wide=False, masked=True):
                                                     query_start_loc, num_seqs)
                 store_row(dst, at, buf, 0, lane, d_count)
                 if lane == u32(0):
-                    if masked and two:
+                    if masked:
                         bits = row_lse_of(fetched, b, seq_lens, query_start_loc, num_seqs)
                     put_lse(dst, at, bits, d_count, width)
                 if two:
@@ -373,9 +383,8 @@ def _pack_kernel(group=WARP, half=False, wide=False, masked=True):
         r = u32(cuda.blockIdx.y)  # the grid's y: the rank a chunk goes to
         buf = cuda.local.array(held, send_flat.dtype)
         # Rows are read through data_flat where the host made it (data.span(): rows
-        # unit-stride), except in a kernel with a mask: it holds more words, and those
-        # registers would spill
-        unit = not masked and data_flat.shape[0] > 0
+        # unit-stride)
+        unit = data_flat.shape[0] > 0
         s0 = s1 = u32(0)
         if unit:  # data's strides are then not negative, and below 2**32 elements
             s0, s1 = u32(u64(data.strides[0]) // u_item), u32(u64(data.strides[1]) // u_item)
@@ -424,8 +433,7 @@ def pack_kernel(bits, group=WARP, wide=False, masked=True):
     (``masked``: a kernel without reads no ``seq_lens`` and holds no mask's
     registers; :func:`pack_launch` picks it for ``num_seqs < 0``). Its arguments
     are :func:`pack_launch`'s, then flat (1-D) views of ``send`` and ``recv``, then
-    ``data.span()`` (the rows are read through it where it is not empty, in a
-    kernel without a mask)."""
+    ``data.span()`` (the rows are read through it where it is not empty)."""
     i64 = types.int64
     argtypes = (array_type(bits, 3, False), array_type(np.uint32, 2, False),
                 array_type(np.int64, 1, True), array_type(np.int64, 1, True), i64,
@@ -514,8 +522,6 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
     grid, block = tile_grid(send.shape[2], data.shape[0], group, send.shape[0])
     masked = int(num_seqs) >= 0
     kernel = pack_kernel(data.dtype, group, wide_rows(data.shape[2]), masked)
-    # a kernel with a mask reads data through its strides: its flat view goes unread
-    rows = data.nothing() if masked else data.span()
     return kernel, grid, block, (
         data, lse_bits, seq_lens, query_start_loc, int(num_seqs), send, recv, int(self_rank),
-        signature, state, send.flat(), recv.flat(), rows)
+        signature, state, send.flat(), recv.flat(), data.span())

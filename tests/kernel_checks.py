@@ -50,12 +50,27 @@ def assert_combine_close(got, expect, xs, ls, dtype, base_e=True):
 PACK_LAYOUTS = ("heads_major", "every_other", "tokens_reversed")
 
 
-def check_pack(to_device, to_host, dtype, n, b, h, d, rng, strided=False, lse_dtype=np.float32):
+def pack_mask(b):
+    """``(seq_lens, query_start_loc)`` of ``b`` tokens, int64, and the ``[B]`` bool of the
+    tokens they leave empty: padding at both ends (token 0 and the last, where ``b``
+    >= 3), a sequence of no KV (every third from the second), the rest of length 1."""
+    from _helpers import row_mask
+
+    seqs = max(1, b - 2)
+    seq_lens = np.where(np.arange(seqs) % 3 == 1, 0, 1).astype(np.int64)
+    qsl = np.arange(1, seqs + 2, dtype=np.int64) if b >= 3 else np.arange(seqs + 1,
+                                                                          dtype=np.int64)
+    return seq_lens, qsl, row_mask(b, seq_lens, qsl)
+
+
+def check_pack(to_device, to_host, dtype, n, b, h, d, rng, strided=False, lse_dtype=np.float32,
+               masked=False):
     """pack_send is bit-exact against pack_reference. ``strided``: the input's layout,
     one of :data:`PACK_LAYOUTS` (``True``: the first): a [H, B, D] storage seen as
     [B, H, D] (rows unit-stride: read through a flat view), every other element of a
     [B, H, 2D] storage, and a token axis of negative stride (both read through the
-    strides)."""
+    strides). ``masked``: with ``seq_lens`` and ``query_start_loc`` (:func:`pack_mask`),
+    whose empty tokens carry -inf."""
     xs, ls = make_inputs(rng, 1, b, h, d, dtype)
     x, lse = xs[0], ls[0]
     if strided is True or strided == "heads_major":
@@ -71,8 +86,13 @@ def check_pack(to_device, to_host, dtype, n, b, h, d, rng, strided=False, lse_dt
     else:
         dev_x = to_device(x)
     send = to_device(np.zeros((n, b, h // n, d + lse_pack_dim(dtype)), dtype=dtype))
-    pack_send(dev_x, to_device(lse.astype(lse_dtype)), send)
-    expect = pack_reference(x, lse.astype(lse_dtype).astype(np.float32), n)
+    mask, kwargs = None, {}
+    if masked:
+        seq_lens, qsl, mask = pack_mask(b)
+        kwargs = dict(seq_lens=to_device(seq_lens), query_start_loc=to_device(qsl))
+        assert mask.any() and not mask.all(), "the mask leaves some tokens and not others"
+    pack_send(dev_x, to_device(lse.astype(lse_dtype)), send, **kwargs)
+    expect = pack_reference(x, lse.astype(lse_dtype).astype(np.float32), n, mask=mask)
     got = to_host(send)
     bits = np.uint16 if dtype.itemsize == 2 else np.uint32
     np.testing.assert_array_equal(got.view(bits), expect.view(bits))

@@ -32,12 +32,19 @@ def numba_io():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("d", HEAD_DIMS)
-def test_pack_bit_exact(dtype, d):
+def test_pack_bit_exact(dtype, d, monkeypatch):
+    from cupy_dcp.kernels import _rows
+
     to_device, to_host = cupy_io()
     rng = np.random.default_rng(d)
     check_pack(to_device, to_host, dtype, 2, 64, 16, d, rng)
+    check_pack(to_device, to_host, dtype, 2, 64, 16, d, rng, masked=True)
     for layout in PACK_LAYOUTS:
         check_pack(to_device, to_host, dtype, 4, 3, 8, d, rng, strided=layout)
+        check_pack(to_device, to_host, dtype, 4, 3, 8, d, rng, strided=layout, masked=True)
+    monkeypatch.setattr(_rows, "MAX_BLOCKS", 1)  # blocks loop over tokens, two a trip
+    for layout in (False,) + PACK_LAYOUTS:
+        check_pack(to_device, to_host, dtype, 2, 7, 4, d, rng, strided=layout, masked=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -37,8 +37,10 @@ def test_pack_bit_exact(dtype, shape):
 def test_pack_strided_input_and_lse_conversion(dtype):
     rng = np.random.default_rng(7)
     for layout in PACK_LAYOUTS:
-        check_pack(ident, host, dtype, 2, 3, 4, 5, rng, strided=layout)
-        check_pack(ident, host, dtype, 2, 3, 2, 300, rng, strided=layout)  # the wide pack
+        for masked in (False, True):
+            check_pack(ident, host, dtype, 2, 4, 4, 5, rng, strided=layout, masked=masked)
+            check_pack(ident, host, dtype, 2, 4, 2, 300, rng, strided=layout,  # the wide pack
+                       masked=masked)
     check_pack(ident, host, dtype, 2, 3, 4, 5, rng, lse_dtype=np.float16)
 
 
@@ -71,7 +73,8 @@ def test_kernels_whose_blocks_loop_over_tokens(dtype, d, monkeypatch):
     rng = np.random.default_rng(d)
     for b in (3, 4):
         check_pack(ident, host, dtype, 2, b, 4, d, rng)
-        check_pack(ident, host, dtype, 2, b, 4, d, rng, strided=True)
+        for layout in PACK_LAYOUTS:  # a masked trip of two rows reads through the strides
+            check_pack(ident, host, dtype, 2, b, 4, d, rng, strided=layout, masked=True)
         check_combine(ident, host, dtype, 2, b, 2, d, rng)
         check_combine(ident, host, dtype, 9, b, 1, d, rng)  # the combine for any N
     check_agrs(ident, host, dtype, 2, 3, 2, d, rng)
