@@ -37,3 +37,41 @@ def test_every_kernel_of_a_case_launches(dtype):
         assert tuple(block) == (32, 1) and tuple(grid) == grids[name], (name, grid, block)
         assert _kernel_bench.floor_blocks(grid) == (int(np.prod(grid)),)
         kernel(grid, block, 0, args)  # raises where an argument is of the wrong kind
+
+
+def test_exact_cost_twins_differ_only_in_their_part():
+    """``benchmarks/exact_cost.py``: each twin of the combine launches with the bench's
+    arguments, computes what it claims (the library's result; the weights of vLLM's
+    precision, the same under the simulator; 1/2 a shard where every weight is one
+    FFMA), and the library's kernels are its own again afterwards."""
+    from benchmarks import exact_cost
+    from cupy_dcp import lse_weighted_combine, pack_reference
+    from cupy_dcp.kernels import _slices, combine
+    from cupy_dcp.kernels._arrays import kernel_array
+
+    saved = combine.combine_kernel, combine.slices_kernel, _slices.held_weights
+    n, B, H, D = 2, 3, 4, 8
+    launches, _ = exact_cost._launches(np, ("float32", n, B, H, D, 0.0))
+    assert set(launches) == set(exact_cost.VARIANTS) | {"no_lse"}
+    for kernel, grid, block, args in launches.values():
+        kernel(grid, block, 0, args)
+    assert (combine.combine_kernel, combine.slices_kernel, _slices.held_weights) == saved
+
+    rng = np.random.default_rng(5)
+    xs = rng.standard_normal((n, B, H // n, D)).astype(np.float32)
+    ls = rng.uniform(-2, 2, (n, B, H // n)).astype(np.float32)
+    recv = np.stack([pack_reference(xs[r], ls[r], 1)[0] for r in range(n)]).view(np.uint32)
+    expect = lse_weighted_combine(xs.astype(np.float64), ls)
+    outs = {}
+    for variant in exact_cost.VARIANTS:
+        out = np.zeros((B, H // n, D), np.float32)
+        with exact_cost._built_with(exact_cost._weights(variant)):
+            kernel, grid, block, args = combine.combine_launch(
+                np.dtype(np.float32), kernel_array(recv, np.uint32),
+                kernel_array(out, np.float32), None, True)
+        kernel(grid, block, 0, args)
+        outs[variant] = out
+    np.testing.assert_allclose(outs["exact"], expect, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(outs["fast"], expect, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(outs["bare"], 0.5 * xs.sum(axis=0), rtol=1e-6, atol=1e-6)
+    assert (combine.combine_kernel, combine.slices_kernel, _slices.held_weights) == saved
