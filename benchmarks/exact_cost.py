@@ -29,7 +29,6 @@ FMA runs. The vLLM column is the issue's table (another run, not this one).
 
 import argparse
 import contextlib
-import statistics
 from types import SimpleNamespace
 
 import numpy as np
@@ -126,7 +125,7 @@ def main():
     import cupy
 
     from cupy_dcp._floors import copy_kernel, empty_kernel, quad_words
-    from cupy_dcp._kernel_bench import _graph_us, floor_blocks
+    from cupy_dcp._kernel_bench import _interleaved_us, floor_blocks
     from cupy_dcp.kernels._arrays import kernel_array
 
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -146,13 +145,7 @@ def main():
             timed = dict(launches)
             timed["empty"] = (empty, floor_blocks(grid), block, floor_args)
             timed["copy"] = (copier, floor_blocks(grid), block, floor_args)
-            samples = {name: [] for name in timed}
-            for _ in range(args.rounds):
-                for name, (kernel, kgrid, kblock, kargs) in timed.items():
-                    samples[name].append(_graph_us(
-                        cupy, stream, lambda: kernel(kgrid, kblock, stream.ptr, kargs),
-                        args.calls, args.reps))
-            us = {name: statistics.median(s) for name, s in samples.items()}
+            us = _interleaved_us(cupy, stream, timed, args.rounds, args.calls, args.reps)
             dtype_name, n, B, H, D, vllm = cell
             label = f"{dtype_name} N={n} B={B} {H}x{D}"
             print(f"{label:<28} {us['empty']:6.2f} {us['copy']:6.2f} {us['bare']:6.2f} "

@@ -56,6 +56,18 @@ def _graph_us(cupy, stream, fn, calls, reps):
     return float(np.median(samples))
 
 
+def _interleaved_us(cupy, stream, launches, rounds, calls, reps):
+    """``{key: us}`` of ``launches`` (``{key: (kernel, grid, block, args)}``), each timed
+    by :func:`_graph_us` once a round, in order, over ``rounds`` rounds: the median of
+    the rounds (so that a drift of the GPU's clocks falls on every key alike)."""
+    samples = {key: [] for key in launches}
+    for _ in range(rounds):
+        for key, (kernel, grid, block, args) in launches.items():
+            samples[key].append(_graph_us(
+                cupy, stream, lambda: kernel(grid, block, stream.ptr, args), calls, reps))
+    return {key: float(np.median(s)) for key, s in samples.items()}
+
+
 def _host_launch_us(fn, stream, launches=2000):
     """Host microseconds per launch (no synchronisation inside the loop)."""
     import time
