@@ -51,15 +51,14 @@ PACK_LAYOUTS = ("heads_major", "every_other", "tokens_reversed")
 
 
 def pack_mask(b):
-    """``(seq_lens, query_start_loc)`` of ``b`` tokens, int64, and the ``[B]`` bool of the
-    tokens they leave empty: padding at both ends (token 0 and the last, where ``b``
-    >= 3), a sequence of no KV (every third from the second), the rest of length 1."""
+    """``(seq_lens, query_start_loc)`` of ``b >= 3`` tokens, int64, and the ``[B]`` bool
+    of the tokens they leave empty: padding at both ends (token 0 and the last), a
+    sequence of no KV (every third from the second), the rest of length 1."""
     from _helpers import row_mask
 
-    seqs = max(1, b - 2)
+    seqs = b - 2
     seq_lens = np.where(np.arange(seqs) % 3 == 1, 0, 1).astype(np.int64)
-    qsl = np.arange(1, seqs + 2, dtype=np.int64) if b >= 3 else np.arange(seqs + 1,
-                                                                          dtype=np.int64)
+    qsl = np.arange(1, seqs + 2, dtype=np.int64)
     return seq_lens, qsl, row_mask(b, seq_lens, qsl)
 
 
