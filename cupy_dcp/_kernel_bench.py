@@ -33,7 +33,7 @@ from .kernels.direct import (COMBINE, PUSH, STATE_WORDS, WARPS, Protocol, call_k
                              direct_launch, window_layout)
 from .kernels.pack import pack_launch
 from .kernels.agrs import correct_launch, finish_launch
-from ._floors import copy_kernel, empty_kernel, quad_words
+from ._floors import copy_kernel, empty_kernel, in_flight, quad_words
 from ._kernel_table import dtype_list, kernel_cases, kernel_row, kernel_table, write_rows
 
 
@@ -217,7 +217,7 @@ def floor_blocks(grid):
 def _case_rows(cupy, stream, args, case, device_copy_gbs, first=False):
     """The rows of ``case``: each kernel, then the empty and the copy kernel in its grid
     and block over buffers of its bytes, timed alike (:func:`_graph_us`)."""
-    empty, copier = empty_kernel(), copy_kernel()
+    empty = empty_kernel()
     rows = []
     for name, (kernel, grid, block, kargs), nread, nwritten in _case_kernels(cupy, case):
         if name not in args.only:
@@ -233,6 +233,7 @@ def _case_rows(cupy, stream, args, case, device_copy_gbs, first=False):
         src = cupy.zeros(quad_words(nread), dtype=cupy.uint32)
         dst = cupy.empty(quad_words(nwritten), dtype=cupy.uint32)
         floor_args = (kernel_array(src, np.uint32), kernel_array(dst, np.uint32))
+        copier = copy_kernel(in_flight(nread, nwritten))  # N source rows: N in flight
         us, empty_us, copy_us = timed(kernel, kargs), timed(empty, floor_args, floor_grid), \
             timed(copier, floor_args, floor_grid)
         host_us = None

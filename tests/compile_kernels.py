@@ -121,6 +121,8 @@ def kernels():
         direct.direct_kernel(dtypes[1], 2, np.dtype(np.uint32), True, trace=True))
     add("floor empty", _floors.empty_kernel())  # the kernel bench's floors
     add("floor copy", _floors.copy_kernel())
+    for quads in (2, 4, 8):  # beside a kernel that reads N rows a row it writes
+        add(f"floor copy {quads} in flight", _floors.copy_kernel(quads))
     return found
 
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from cupy_dcp._floors import quad_words
+from cupy_dcp._floors import MAX_IN_FLIGHT, copy_kernel, in_flight, quad_words
 from cupy_dcp._kernel_table import (KERNELS, SHAPES, check_kernel_args, dtype_list,
                                     kernel_cases, kernel_row, kernel_table, parse_shapes,
                                     write_rows)
@@ -116,3 +116,17 @@ def test_json_holds_every_row_and_the_meta(tmp_path):
 @pytest.mark.parametrize("nbytes, words", [(0, 4), (1, 4), (16, 4), (17, 8), (4096, 1024)])
 def test_floor_buffers_are_whole_quads(nbytes, words):
     assert quad_words(nbytes) == words
+
+
+@pytest.mark.parametrize("read, written, quads", [
+    (4096, 4096, 1),  # a pack: as many bytes read as written, a plain copy
+    (100, 4096, 1),  # reads fewer
+    (2 * 4096 + 16, 4096, 4),  # a combine of N = 2 with its LSE lanes: 3 quads a quad
+    (2 * 4096, 4096, 2), (8 * 4096, 4096, 8), (64 * 4096, 4096, MAX_IN_FLIGHT)])
+def test_copy_floor_asks_for_a_combines_n_rows_at_once(read, written, quads):
+    assert in_flight(read, written) == quads
+
+
+def test_copy_floor_refuses_other_counts():
+    with pytest.raises(ValueError, match="quads_in_flight"):
+        copy_kernel(3)

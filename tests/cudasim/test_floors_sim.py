@@ -22,13 +22,16 @@ def expected_copy(src, write_words):
 
 
 @pytest.mark.parametrize("read_bytes, written_bytes", [(4096, 4096), (7 * 1000, 2000),
-                                                       (1000, 3000), (12, 2)],
-                         ids=["same", "reads-more", "writes-more", "tiny"])
-def test_copy_floor_reads_and_writes_every_word(read_bytes, written_bytes):
+                                                       (40_000, 1000), (1000, 3000), (12, 2)],
+                         ids=["same", "reads-more", "reads-past-in-flight", "writes-more",
+                              "tiny"])
+@pytest.mark.parametrize("quads", [1, 2, 4, 8], ids=lambda q: f"{q}-in-flight")
+def test_copy_floor_reads_and_writes_every_word(read_bytes, written_bytes, quads):
     rng = np.random.default_rng(read_bytes + written_bytes)
     src = rng.integers(0, 2**32, quad_words(read_bytes), dtype=np.uint32)
     dst = np.full(quad_words(written_bytes), 0xDEADBEEF, dtype=np.uint32)
-    copy_kernel()(GRID, BLOCK, 0, (kernel_array(src, np.uint32), kernel_array(dst, np.uint32)))
+    copy_kernel(quads)(GRID, BLOCK, 0, (kernel_array(src, np.uint32),
+                                        kernel_array(dst, np.uint32)))
     np.testing.assert_array_equal(dst, expected_copy(src, dst.size))
     if src.size <= dst.size:  # one source quad per destination quad: a plain copy
         np.testing.assert_array_equal(dst[:src.size], src)
