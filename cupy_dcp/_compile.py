@@ -56,11 +56,11 @@ def a2a_tasks(dtype, head_dim, world_size=0):
 
 def agrs_tasks(dtype, num_heads, head_dim):
     """The kernels of a :class:`DcpAgRsPlan`."""
-    from .kernels.agrs import correct_kernel, finish_kernel, mask_kernel
+    from .kernels.agrs import agrs_shape, correct_kernel, finish_kernel, mask_kernel
 
-    group = lanes_per_row(int(head_dim))
-    return [functools.partial(correct_kernel, np.dtype(dtype), group),
-            functools.partial(finish_kernel, np.dtype(dtype), group),
+    group, unroll = agrs_shape(int(head_dim))
+    return [functools.partial(correct_kernel, np.dtype(dtype), group, unroll),
+            functools.partial(finish_kernel, np.dtype(dtype), group, unroll),
             functools.partial(mask_kernel, lanes_per_row(int(num_heads), 1))]
 
 

@@ -6,6 +6,13 @@ Every rank scales its own partial of every head by its exact weight
 float32 laid out by destination rank ``[N, B, H/N, D]``, and a float32
 reduce-scatter sums the N ranks' terms. ``finish`` rounds the sum once to the
 output dtype and computes the global LSE of the local heads.
+
+At decode sizes each kernel is a chain of round trips, so neither lets a load
+wait on arithmetic: ``correct`` issues a row's values before its weights need
+the gathered LSEs (one round trip for both), and ``finish``'s lane 0 loads the
+row's LSEs with its values and weighs them after the row's stores. Each lane
+moves ``unroll`` values a trip (:func:`agrs_shape`: a row of D = 512 in one
+trip; each trip's loads wait on the stores before them).
 """
 
 import functools
@@ -18,36 +25,44 @@ from ._format import as_dtype
 from ._arrays import kernel_array, stream_ptr
 from ._device import device_functions, inline_device, row_weights_of
 from ._launch import DeviceArray, SpecializedKernel, array_type
-from ._rows import UNROLL, lanes_per_row, row_cursor, row_grid, tile_cursor, tile_grid
-from ._codecs import codec_functions, combine_codec
+from ._rows import UNROLL, WARP, lanes_per_row, row_cursor, row_grid, tile_cursor, tile_grid
+from ._codecs import RAW, codec_functions, combine_codec
 
-__all__ = ["agrs_correct", "agrs_finish", "correct_kernel", "correct_launch", "finish_kernel",
-           "finish_launch", "mask_kernel", "mask_launch"]
+__all__ = ["MAX_HELD", "agrs_correct", "agrs_finish", "agrs_shape", "correct_kernel",
+           "correct_launch", "finish_kernel", "finish_launch", "mask_kernel", "mask_launch"]
+
+
+MAX_HELD = 8  # gathered LSEs that finish's lane 0 loads with its row's values (N up to 8)
 
 
 @functools.cache
-def _row_weights():
-    """Device function: ``(m, inv_total, total)`` of a row from its N gathered LSEs."""
+def _gathered_weights():
+    """Device function ``weigh(lses, count, base_e) -> (m, inv_total, total)`` of a row
+    whose shard k's LSE is ``lses[k]`` (a strided column of the gathered ``[N, B, H]``
+    LSEs, or a local array holding them)."""
     @inline_device
     def gathered(lses, r):
         return lses[r]
 
-    weigh = row_weights_of(gathered)
+    return row_weights_of(gathered)
 
-    @cuda.jit(device=True)
-    def row_weights(lses, base_e):
-        return weigh(lses, lses.shape[0], base_e)
 
-    return row_weights
+def agrs_shape(elements):
+    """``(group, unroll)`` of the AG+RS kernels for rows of ``elements`` values: lanes of
+    :data:`UNROLL` values, twice that for rows longer than a warp's :data:`UNROLL`
+    (D = 512 in one trip: each trip's loads wait on the stores before them)."""
+    unroll = UNROLL if elements <= WARP * UNROLL else 2 * UNROLL
+    return lanes_per_row(elements, unroll), unroll
 
 
 @functools.cache
-def _correct_kernel(codec, group):
+def _correct_kernel(codec, group, unroll):
     f = device_functions()
     _, _, decode, _, _ = codec_functions(codec)
-    row_weights, shard_weight, zero = _row_weights(), f["shard_weight"], f["zero"]
+    weigh, shard_weight, zero = _gathered_weights(), f["shard_weight"], f["zero"]
+    raw = RAW[codec]
     u64 = np.uint64
-    u_group, u_step = u64(group), u64(group * UNROLL)
+    u_group, u_step = u64(group), u64(group * unroll)
     cursor = tile_cursor()
 
     @cuda.jit
@@ -56,28 +71,32 @@ def _correct_kernel(codec, group):
         b_count = u64(data.shape[0])
         d_count = u64(data.shape[2])
         hn = u64(corrected.shape[2])
+        n = u64(lses.shape[0])
         lane, h, b, b_step = cursor(u_group)
         r = u64(cuda.blockIdx.y)  # the grid's y: the rank the corrected row goes to
         head = r * hn + h
-        buf = cuda.local.array(UNROLL, float32)
+        buf = cuda.local.array(unroll, raw)
         while h < hn and b < b_count:
             column = lses[:, b, head]
-            m, inv_total, _ = row_weights(column, base_e)
-            w = shard_weight(column[self_rank], m, inv_total, base_e)
             src = data[b, head]
             dst = corrected[r, b, h]
+            w = zero
+            weighed = False
             base = lane
             while base < d_count:
-                for k in range(UNROLL):
+                for k in range(unroll):  # the values load before the weights need the LSEs:
+                    d = base + u64(k) * u_group  # one round trip for both
+                    if d < d_count:
+                        buf[k] = src[d]
+                if not weighed:
+                    m, inv_total, _ = weigh(column, n, base_e)
+                    w = shard_weight(column[self_rank], m, inv_total, base_e)
+                    weighed = True
+                for k in range(unroll):
                     d = base + u64(k) * u_group
                     if d < d_count:
-                        buf[k] = zero
-                        if w != zero:  # an empty shard adds exactly 0, even NaN
-                            buf[k] = w * decode(src[d])
-                for k in range(UNROLL):
-                    d = base + u64(k) * u_group
-                    if d < d_count:
-                        dst[d] = buf[k]
+                        # an empty shard adds exactly 0, even NaN
+                        dst[d] = w * decode(buf[k]) if w != zero else zero
                 base += u_step
             b += b_step
 
@@ -85,12 +104,12 @@ def _correct_kernel(codec, group):
 
 
 @functools.cache
-def _finish_kernel(codec, group):
+def _finish_kernel(codec, group, unroll):
     f = device_functions()
     _, _, _, _, encode = codec_functions(codec)
-    row_weights, global_lse = _row_weights(), f["global_lse"]
+    weigh, global_lse, neg_inf = _gathered_weights(), f["global_lse"], f["neg_inf"]
     u64 = np.uint64
-    u_group, u_step = u64(group), u64(group * UNROLL)
+    u_group, u_step = u64(group), u64(group * unroll)
     cursor = tile_cursor()
 
     @cuda.jit
@@ -99,20 +118,38 @@ def _finish_kernel(codec, group):
         b_count = u64(summed.shape[0])
         hn = u64(summed.shape[1])
         d_count = u64(summed.shape[2])
+        n = u64(lses.shape[0])
         lane, h, b, b_step = cursor(u_group)
+        # lane 0 loads the row's LSEs with its values and weighs them after its stores, so
+        # that no store waits on them (N up to MAX_HELD; more are read when weighed)
+        weighs = write_lse and lane == 0
+        held = n <= u64(MAX_HELD)
+        lse_row = cuda.local.array(MAX_HELD, float32)
+        buf = cuda.local.array(unroll, float32)
         while h < hn and b < b_count:
-            if write_lse and lane == 0:
-                m, _, total = row_weights(lses[:, b, u64(self_rank) * hn + h], base_e)
-                out_lse[b, h] = global_lse(total, m, base_e)
+            column = lses[:, b, u64(self_rank) * hn + h]
+            if weighs and held:
+                for k in range(MAX_HELD):  # past N: -inf, which adds exactly 0 to the sums
+                    lse_row[k] = column[k] if u64(k) < n else neg_inf
             src = summed[b, h]
             dst = out[b, h]
             base = lane
             while base < d_count:
-                for k in range(UNROLL):
+                for k in range(unroll):
                     d = base + u64(k) * u_group
                     if d < d_count:
-                        dst[d] = encode(src[d], src[d])
+                        buf[k] = src[d]
+                for k in range(unroll):
+                    d = base + u64(k) * u_group
+                    if d < d_count:
+                        dst[d] = encode(buf[k], buf[k])
                 base += u_step
+            if weighs:
+                if held:
+                    m, _, total = weigh(lse_row, MAX_HELD, base_e)
+                else:
+                    m, _, total = weigh(column, n, base_e)
+                out_lse[b, h] = global_lse(total, m, base_e)
             b += b_step
 
     return finish
@@ -166,19 +203,23 @@ def mask_launch(lse, seq_lens, query_start_loc, num_seqs, out):
 
 
 @functools.cache
-def correct_kernel(dtype, group):
+def correct_kernel(dtype, group, unroll=UNROLL):
+    """The correcting kernel for ``dtype``, ``group`` lanes a row and ``unroll`` values a
+    lane and trip (:func:`agrs_shape`)."""
     codec, value = combine_codec(dtype)
     i64 = types.int64
-    return SpecializedKernel(_correct_kernel(codec, group), (
+    return SpecializedKernel(_correct_kernel(codec, group, unroll), (
         array_type(value, 3, False), array_type(np.float32, 3, True), i64, i64,
         array_type(np.float32, 4, True)))
 
 
 @functools.cache
-def finish_kernel(dtype, group):
+def finish_kernel(dtype, group, unroll=UNROLL):
+    """The finishing kernel for ``dtype``, ``group`` lanes a row and ``unroll`` values a
+    lane and trip (:func:`agrs_shape`)."""
     codec, value = combine_codec(dtype)
     i64 = types.int64
-    return SpecializedKernel(_finish_kernel(codec, group), (
+    return SpecializedKernel(_finish_kernel(codec, group, unroll), (
         array_type(np.float32, 3, True), array_type(np.float32, 3, True), i64, i64, i64,
         array_type(value, 3, False), array_type(np.float32, 2, False)))
 
@@ -192,9 +233,9 @@ def correct_launch(dtype, data, lses, self_rank, is_lse_base_on_e, corrected):
     if (b, h) != tuple(data.shape[:2]) or corrected.shape != (n, b, h // n, data.shape[2]):
         raise ValueError(f"lses must be [N, B, H] and corrected [N, B, H/N, D] for data "
                          f"{tuple(data.shape)} (got {lses.shape} and {corrected.shape})")
-    group = lanes_per_row(data.shape[2])
+    group, unroll = agrs_shape(data.shape[2])
     grid, block = tile_grid(h // n, b, group, n)
-    return correct_kernel(dtype, group), grid, block, (
+    return correct_kernel(dtype, group, unroll), grid, block, (
         data, lses, int(self_rank), int(bool(is_lse_base_on_e)), corrected)
 
 
@@ -212,9 +253,9 @@ def finish_launch(dtype, summed, lses, self_rank, is_lse_base_on_e, out, out_lse
         raise ValueError(f"out_lse must be [B, H/N] = {summed.shape[:2]} (got {out_lse.shape})")
     if not write_lse:  # never written: a placeholder of the right type
         out_lse = DeviceArray(out.ptr, (0, 0), (4, 4), np.float32, out.owner)
-    group = lanes_per_row(summed.shape[2])
+    group, unroll = agrs_shape(summed.shape[2])
     grid, block = tile_grid(summed.shape[1], summed.shape[0], group)
-    return finish_kernel(dtype, group), grid, block, (
+    return finish_kernel(dtype, group, unroll), grid, block, (
         summed, lses, int(self_rank), int(bool(is_lse_base_on_e)), int(write_lse), out, out_lse)
 
 

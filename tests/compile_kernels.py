@@ -94,6 +94,10 @@ def kernels():
             add(f"combine {dtype} group {group}", combine.combine_kernel(dtype, False, group))
             add(f"agrs correct {dtype} group {group}", agrs.correct_kernel(dtype, group))
             add(f"agrs finish {dtype} group {group}", agrs.finish_kernel(dtype, group))
+        for kernel in ("correct", "finish"):  # rows past a warp's UNROLL: twice the values a lane
+            group, unroll = agrs.agrs_shape(512)
+            add(f"agrs {kernel} {dtype} group {group} unroll {unroll}",
+                getattr(agrs, f"{kernel}_kernel")(dtype, group, unroll))
         if dtype.itemsize == 2:  # 16-bit values combined in pairs
             add(f"combine {dtype} pairs", combine.combine_kernel(dtype, True))
         for shards in (2, 3, 8):  # the combine built for its N (every shard loaded first)

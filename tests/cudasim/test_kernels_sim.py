@@ -90,7 +90,9 @@ def test_zero_tokens_is_a_no_op():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(1, 2, 2, 1), (2, 2, 2, 8), (3, 2, 1, 33)],
+@pytest.mark.parametrize("shape", [(1, 2, 2, 1), (2, 2, 2, 8), (3, 2, 1, 33),
+                                   (9, 2, 1, 5),  # more LSEs than finish's lane 0 holds
+                                   (2, 2, 1, 600)],  # two trips of twice UNROLL values a lane
                          ids=lambda s: "N%dB%dHn%dD%d" % s)
 @pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
 def test_agrs_kernels_match_reference(dtype, shape, base_e):
@@ -434,6 +436,30 @@ def test_combine_in_word_pairs_gives_the_bits_of_the_combine_by_value(dtype, n):
     np.testing.assert_array_equal(outs[0], outs[1])
     assert (outs[0].view(dtype)[1] == 0).all()  # the token empty everywhere
     assert np.isfinite(outs[0].view(dtype)[2, 1]).all()  # a row without NaN or inf
+
+
+def test_every_agrs_kernel_a_launch_picks_is_one_the_plan_built():
+    """An AG+RS plan warms up its kernels (``_compile.agrs_tasks``): the correcting and
+    finishing kernels that the launches pick, for rows shorter and longer than a
+    warp's UNROLL values, are those very kernels."""
+    from cupy_dcp._compile import agrs_tasks
+    from cupy_dcp.kernels import agrs
+    from cupy_dcp.kernels._arrays import kernel_array
+    from cupy_dcp.kernels.combine import combine_codec
+
+    for dtype in DTYPES:
+        value = combine_codec(dtype)[1]
+        for d in (1, 128, 300, 512, 576):
+            built = {id(task()) for task in agrs_tasks(dtype, 4, d)}
+            n, b, h = 2, 3, 4
+            lses = kernel_array(np.zeros((n, b, h), np.float32), np.float32)
+            correct, _, _, _ = agrs.correct_launch(
+                dtype, kernel_array(np.zeros((b, h, d), dtype), value), lses, 0, True,
+                kernel_array(np.zeros((n, b, h // n, d), np.float32), np.float32))
+            finish, _, _, _ = agrs.finish_launch(
+                dtype, kernel_array(np.zeros((b, h // n, d), np.float32), np.float32), lses, 0,
+                True, kernel_array(np.zeros((b, h // n, d), dtype), value))
+            assert id(correct) in built and id(finish) in built, (dtype, d)
 
 
 def test_every_combine_a_launch_picks_is_one_the_plan_built():
