@@ -154,6 +154,28 @@ def check_agrs(to_device, to_host, dtype, n, b, hn, d, rng, base_e=True, head_ma
     np.testing.assert_allclose(g[finite], ref[finite], rtol=1e-6, atol=1e-5)
 
 
+def check_copy_floor(to_device, to_host, read_bytes, written_bytes, quads, grid, block):
+    """The kernel bench's copy floor built for ``quads`` in flight: dst quad q is the XOR
+    of src quads q, q + Q, ... (Q = dst's quads), zeros past src; a plain copy where
+    src is no longer than dst."""
+    from cupy_dcp._floors import copy_kernel, quad_words
+    from cupy_dcp.kernels._arrays import kernel_array
+
+    rng = np.random.default_rng(read_bytes + written_bytes + quads)
+    src = rng.integers(0, 2**32, quad_words(read_bytes), dtype=np.uint32)
+    dst = to_device(np.full(quad_words(written_bytes), 0xDEADBEEF, dtype=np.uint32))
+    copy_kernel(quads)(grid, block, 0, (kernel_array(to_device(src), np.uint32),
+                                        kernel_array(dst, np.uint32)))
+    got = to_host(dst)
+    expect = np.zeros((got.size // 4, 4), dtype=np.uint32)
+    for q in range(expect.shape[0]):
+        for s in range(q, src.size // 4, expect.shape[0]):
+            expect[q] ^= src[4 * s:4 * s + 4]
+    np.testing.assert_array_equal(got, expect.reshape(-1))
+    if src.size <= got.size:
+        np.testing.assert_array_equal(got[:src.size], src)
+
+
 def check_combine_rounds_to_nearest_even(to_device, to_host, dtype, b, hn, d, rng):
     """Two shards of equal LSE: every weight is exactly 1/2, the float32 sum is exact,
     so the output must be that sum rounded to nearest even, bit for bit."""

@@ -5,8 +5,8 @@ import pytest
 
 from gpu import requires_gpu
 from kernel_checks import (DTYPES, PACK_LAYOUTS, QUAD_CASES, check_bare_push, check_combine,
-                           check_direct, check_direct_missing_peer, check_direct_quads,
-                           check_pack, check_pack_bf16x2)
+                           check_copy_floor, check_direct, check_direct_missing_peer,
+                           check_direct_quads, check_pack, check_pack_bf16x2)
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -291,3 +291,14 @@ def test_bare_push_delivers_every_row_and_bounds_its_wait(n, words, blocks):
     import cupy
 
     check_bare_push(cupy.asarray, cupy.asnumpy, n, words, blocks, np.random.default_rng(words))
+
+
+@pytest.mark.parametrize("quads", [1, 2, 4, 8], ids=lambda q: f"{q}-in-flight")
+def test_copy_floor_reads_and_writes_every_word(quads):
+    """The kernel bench's copy floor, compiled: a pack's bytes (as many read as
+    written), a combine's of N = 2 and N = 8 (N rows and their LSE lanes a row
+    written), and more source quads than in flight, in a combine's grid."""
+    to_device, to_host = cupy_io()
+    for read, written in ((131_584, 131_584), (2 * 65_792, 65_536 + 256),
+                          (8 * 65_792, 65_536 + 256), (40_000, 1000)):
+        check_copy_floor(to_device, to_host, read, written, quads, (64,), (32, 4))

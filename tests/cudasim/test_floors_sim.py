@@ -5,20 +5,19 @@ nothing. Collected only with NUMBA_ENABLE_CUDASIM=1 (see ``tests/conftest.py``).
 import numpy as np
 import pytest
 
-from cupy_dcp._floors import copy_kernel, empty_kernel, quad_words
+from cupy_dcp._floors import empty_kernel
 from cupy_dcp.kernels._arrays import kernel_array
+from kernel_checks import check_copy_floor
 
 GRID, BLOCK = (3,), (8, 2)  # 48 threads: fewer than the quads, so each loops
 
 
-def expected_copy(src, write_words):
-    """dst quad q: the XOR of src quads q, q + Q, ... (Q = dst's quads); zeros past src."""
-    quads = src.reshape(-1, 4)
-    out = np.zeros((write_words // 4, 4), dtype=np.uint32)
-    for q in range(out.shape[0]):
-        for s in range(q, quads.shape[0], out.shape[0]):
-            out[q] ^= quads[s]
-    return out.reshape(-1)
+def ident(x):
+    return x
+
+
+def host(x):
+    return np.asarray(x)
 
 
 @pytest.mark.parametrize("read_bytes, written_bytes", [(4096, 4096), (7 * 1000, 2000),
@@ -27,14 +26,7 @@ def expected_copy(src, write_words):
                               "tiny"])
 @pytest.mark.parametrize("quads", [1, 2, 4, 8], ids=lambda q: f"{q}-in-flight")
 def test_copy_floor_reads_and_writes_every_word(read_bytes, written_bytes, quads):
-    rng = np.random.default_rng(read_bytes + written_bytes)
-    src = rng.integers(0, 2**32, quad_words(read_bytes), dtype=np.uint32)
-    dst = np.full(quad_words(written_bytes), 0xDEADBEEF, dtype=np.uint32)
-    copy_kernel(quads)(GRID, BLOCK, 0, (kernel_array(src, np.uint32),
-                                        kernel_array(dst, np.uint32)))
-    np.testing.assert_array_equal(dst, expected_copy(src, dst.size))
-    if src.size <= dst.size:  # one source quad per destination quad: a plain copy
-        np.testing.assert_array_equal(dst[:src.size], src)
+    check_copy_floor(ident, host, read_bytes, written_bytes, quads, GRID, BLOCK)
 
 
 def test_empty_floor_writes_nothing():
