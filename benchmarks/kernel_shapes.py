@@ -46,12 +46,14 @@ PACK_WARPS = (1, 2, 4, 8)
 @contextlib.contextmanager
 def _shape(warps=None, unroll=None):
     """The library's launch shape changed for the launches made inside: ``warps`` a
-    block (``_rows.WARPS_PER_BLOCK``) and the combine's ``unroll``."""
+    block (``_rows.WARPS_PER_BLOCK``, and the combine's ``block_warps``) and the
+    combine's ``unroll``."""
     from cupy_dcp.kernels import _rows, combine
 
-    saved_warps, saved_shape = _rows.WARPS_PER_BLOCK, combine._combine_shape
+    saved = _rows.WARPS_PER_BLOCK, combine._combine_shape, combine.block_warps
     if warps is not None:
         _rows.WARPS_PER_BLOCK = warps
+        combine.block_warps = lambda total: warps
     if unroll is not None:
         def forced(elements, rows, shards):
             group, slices = combine._slicing(elements, unroll)
@@ -60,7 +62,7 @@ def _shape(warps=None, unroll=None):
     try:
         yield
     finally:
-        _rows.WARPS_PER_BLOCK, combine._combine_shape = saved_warps, saved_shape
+        _rows.WARPS_PER_BLOCK, combine._combine_shape, combine.block_warps = saved
 
 
 def _launches(cupy, cell):
@@ -102,9 +104,11 @@ def _launches(cupy, cell):
     # what the library picks: the pack's warps, the combine's unroll (D in words where
     # 16-bit values go in pairs)
     elements = D // 2 if np.dtype(dtype).itemsize == 2 and D % 2 == 0 else D
-    picked_unroll = combine._combine_shape(elements, rows, n)[1]
+    group, picked_unroll, slices = combine._combine_shape(elements, rows, n)
+    picked_warps = combine.block_warps(-(-rows * slices * group // _rows.WARP)) or \
+        _rows.WARPS_PER_BLOCK
     picked = {"pack": f"warps {_rows.WARPS_PER_BLOCK}",
-              "combine": f"unroll {picked_unroll} warps {_rows.WARPS_PER_BLOCK}"}
+              "combine": f"unroll {picked_unroll} warps {picked_warps}"}
     return launches, picked, (x, lse, send, recv, out, out_lse)
 
 

@@ -24,9 +24,12 @@ WARPS_PER_BLOCK = 4
 UNROLL = 8
 MAX_BLOCKS = 132 * 64  # enough blocks to fill every SM of an H200 several times over
 GROUPS = (4, 8, 16, 32)
+# The most registers a thread of a kernel linked with a cap: at 64, 8 blocks of 128
+# threads fit an SM (at 72-80, as NVVM leaves some kernels, 6 or 7).
+MAX_REGISTERS = 64
 
-__all__ = ["MAX_BLOCKS", "MAX_GRID_Z", "UNROLL", "WARP", "WARPS_PER_BLOCK", "lanes_per_row",
-           "row_cursor", "row_grid", "tile_cursor", "tile_grid"]
+__all__ = ["MAX_BLOCKS", "MAX_GRID_Z", "MAX_REGISTERS", "UNROLL", "WARP", "WARPS_PER_BLOCK",
+           "lanes_per_row", "row_cursor", "row_grid", "tile_cursor", "tile_grid"]
 
 MAX_GRID_Z = 65535  # the largest grid extent along y or z
 
@@ -67,14 +70,15 @@ def row_cursor():
     return cursor
 
 
-def tile_grid(rows, tokens, group, planes=1):
+def tile_grid(rows, tokens, group, planes=1, warps=None):
     """``(grid, block)`` for :func:`tile_cursor`: ``rows`` rows of ``group`` lanes
-    each per token along x (blocks of up to :data:`WARPS_PER_BLOCK` warps, fewer
-    when the rows are few), ``planes`` along y, and up to ``tokens`` along z (at
-    most :data:`MAX_GRID_Z`, and about :data:`MAX_BLOCKS` blocks in all: the
-    tokens beyond are a grid-stride loop)."""
+    each per token along x (blocks of up to ``warps`` warps, :data:`WARPS_PER_BLOCK`
+    if ``None``, fewer when the rows are few), ``planes`` along y, and up to
+    ``tokens`` along z (at most :data:`MAX_GRID_Z`, and about :data:`MAX_BLOCKS`
+    blocks in all: the tokens beyond are a grid-stride loop)."""
     per_warp = WARP // group
-    warps = max(1, min(WARPS_PER_BLOCK, -(-rows // per_warp)))
+    most = WARPS_PER_BLOCK if warps is None else warps
+    warps = max(1, min(most, -(-rows // per_warp)))
     across = max(1, -(-rows // (warps * per_warp)))
     planes = max(1, planes)
     deep = max(1, min(tokens, MAX_GRID_Z, -(-MAX_BLOCKS // (across * planes))))

@@ -19,7 +19,7 @@ stores once. The same sums in the same order as the combine for any N
 import functools
 
 import numpy as np
-from numba import cuda
+from numba import config, cuda
 
 from ._codecs import PAIRS, RAW, RAW_BITS, codec_functions
 from ._device import device_functions, held_weights
@@ -60,13 +60,15 @@ def flat_lse_reader(codec):
 
 
 @functools.cache
-def slices_kernel(codec, shards, group, unroll):
+def slices_kernel(codec, shards, group, unroll, max_registers=0):
     """The kernel ``combine(vals, bits, out, out_lse, write_lse, base_e, status, state,
     flat_vals, flat_bits)`` of codec ``codec`` for exactly ``shards`` ranks, rows of
     ``group`` lanes and ``unroll`` values a lane and shard: the arguments of
     ``combine.combine_kernel``'s kernel for any N, then flat (1-D, C) views of
     ``vals`` and ``bits``; launched on ``_rows.tile_grid(H/N, B, group, slices)``,
-    ``slices`` of ``group * unroll`` values covering a row."""
+    ``slices`` of ``group * unroll`` values covering a row. ``max_registers``: the
+    linker's cap on a thread's registers (0: none; the PTX is the same either way,
+    and the simulator takes no cap)."""
     f = device_functions()
     decode_lo, decode_hi, encode = codec_functions(codec)[2:]
     raw, pairs, half = RAW[codec], codec in PAIRS, RAW_BITS[codec].itemsize == 2
@@ -80,7 +82,10 @@ def slices_kernel(codec, shards, group, unroll):
     checked = u64((shards - 1) * WORDS)  # the trailer words a signed call compares
     loaded, accumulators = shards * unroll, 2 * unroll
 
-    @cuda.jit
+    limits = {"max_registers": max_registers} if max_registers and \
+        not config.ENABLE_CUDASIM else {}
+
+    @cuda.jit(**limits)
     def combine(vals, bits, out, out_lse, write_lse, base_e, status, state, flat_vals,
                 flat_bits):
         # Offsets within a row are uint32 (Numba widens integer arithmetic to 64 bits:

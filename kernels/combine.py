@@ -31,15 +31,16 @@ from ._arrays import dummy_index, kernel_array, stream_ptr
 from ._codecs import _BF16, _F16, PAIRS, RAW, RAW_BITS, codec_functions, combine_codec
 from ._device import device_functions, inline_device, row_weights_of
 from ._launch import DeviceArray, SpecializedKernel, array_type
-from ._rows import UNROLL, WARP, lanes_per_row, tile_cursor, tile_grid
+from ._rows import MAX_REGISTERS, UNROLL, WARP, lanes_per_row, tile_cursor, tile_grid
 from ._slices import slices_kernel
 from ._specs import check_combine_args
 from ._trailer import WORDS, combine_checks
 
 __all__ = ["FEW_WARPS", "LANE_LOADS", "MANY_WARPS", "MAX_STATIC_SHARDS", "SLICED_UNROLL",
-           "STREAM_UNROLL", "codec_functions", "combine_codec", "combine_kernel",
-           "combine_launch", "combine_unroll", "combine_variants", "lane_weights",
-           "row_accumulator", "static_shards", "unpack_combine"]
+           "SPREAD_FROM", "SPREAD_WARPS", "STREAM_UNROLL", "block_warps", "capped",
+           "codec_functions", "combine_codec", "combine_kernel", "combine_launch",
+           "combine_unroll", "combine_variants", "lane_weights", "row_accumulator",
+           "static_shards", "unpack_combine"]
 
 
 @functools.cache
@@ -182,6 +183,8 @@ LANE_LOADS = 16  # the values a lane of the combine for its N loads, over every 
 FEW_WARPS = 256  # a combine for its N launched as fewer warps moves fewer values a lane
 MANY_WARPS = 4096  # a combine for its N launched as more warps streams its rows
 STREAM_UNROLL = 4  # the fewest values a lane and shard of a combine that streams
+SPREAD_FROM = 64  # a combine for its N of this many warps, up to FEW_WARPS, runs in
+SPREAD_WARPS = 2  # blocks of this many warps (more SMs share few warps)
 
 
 def static_shards(n):
@@ -190,13 +193,24 @@ def static_shards(n):
     return int(n) if 2 <= int(n) <= MAX_STATIC_SHARDS else 0
 
 
+def capped(codec, shards, unroll):
+    """Whether the combine for exactly ``shards`` ranks, ``unroll`` values a lane and
+    shard of ``codec``, is linked with at most :data:`MAX_REGISTERS` registers a
+    thread: float32 values within :data:`LANE_LOADS` a lane (a loaded value and
+    an accumulator each: N = 2 at 8 values a shard takes 72 registers uncapped, 64
+    capped with no spill, and 8 blocks of 4 warps then fit an SM, not 7). 16-bit
+    values decode into two accumulators a word, and spill at 64."""
+    return codec == "float32" and shards * unroll <= LANE_LOADS
+
+
 @functools.cache
 def combine_kernel(dtype, pairs=False, group=WARP, shards=0, unroll=UNROLL):
     """The combine kernel specialised for output ``dtype`` (and 16-bit pairs),
     ``group`` lanes per row and, where ``shards`` (2 to :data:`MAX_STATIC_SHARDS`),
     for exactly that many ranks (0: any) with ``unroll`` values per lane and shard
     (:func:`combine_unroll`); the kernel for exactly N (``_slices``) splits rows
-    over its grid's y and takes flat views of the received buffer too."""
+    over its grid's y, takes flat views of the received buffer too, and is linked
+    with at most :data:`MAX_REGISTERS` registers where :func:`capped`."""
     codec, value = combine_codec(dtype, pairs)
     bits = np.dtype(np.uint32 if value.itemsize == 4 else np.uint16)
     i64 = types.int64
@@ -204,7 +218,8 @@ def combine_kernel(dtype, pairs=False, group=WARP, shards=0, unroll=UNROLL):
                 array_type(value, 3, False), array_type(np.float32, 2, False), i64, i64,
                 array_type(np.int64, 1, True), array_type(np.int64, 1, True))
     if shards:
-        return SpecializedKernel(slices_kernel(codec, shards, group, unroll), argtypes + (
+        cap = MAX_REGISTERS if capped(codec, shards, unroll) else 0
+        return SpecializedKernel(slices_kernel(codec, shards, group, unroll, cap), argtypes + (
             array_type(value, 1, True), array_type(bits, 1, True)))
     return SpecializedKernel(_combine_kernel(codec, group), argtypes)
 
@@ -256,6 +271,14 @@ def combine_unroll(elements, rows, shards):
         if _warps(elements, rows, unroll) >= FEW_WARPS:
             return unroll
     return within[-1]
+
+
+def block_warps(warps):
+    """The warps a block of a combine for its N that launches ``warps`` warps in all:
+    :data:`SPREAD_WARPS` from :data:`SPREAD_FROM` to :data:`FEW_WARPS` (so that more
+    SMs share them), else ``_rows.WARPS_PER_BLOCK`` (``None``). The figures behind
+    it: ``benchmarks/NOTES.md``."""
+    return SPREAD_WARPS if SPREAD_FROM <= warps <= FEW_WARPS else None
 
 
 def _combine_shape(elements, rows, shards):
@@ -330,7 +353,8 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None
     shards = static_shards(recv_vals.shape[0])
     rows = out.shape[0] * out.shape[1]
     group, unroll, slices = _combine_shape(out.shape[2], rows, shards)
-    grid, block = tile_grid(out.shape[1], out.shape[0], group, slices)
+    warps = block_warps(-(-rows * slices * group // WARP)) if slices else None
+    grid, block = tile_grid(out.shape[1], out.shape[0], group, slices, warps)
     kernel = combine_kernel(dtype, codec in PAIRS, group, shards, unroll)
     args = (recv_vals, recv_bits, out, out_lse, int(write_lse), int(bool(is_lse_base_on_e)),
             status, state)

@@ -27,14 +27,12 @@ from ._device import device_functions
 from ._format import LSE_HALF_BITS, LSE_HALF_MASK
 from ._launch import SpecializedKernel, array_type
 from ._math import NEG_INF_BITS
-from ._rows import UNROLL, WARP, lanes_per_row, tile_grid
+from ._rows import MAX_REGISTERS, UNROLL, WARP, lanes_per_row, tile_grid
 from ._specs import check_pack_args
 from ._trailer import CALL, TOKENS, WORDS, trailer_functions
 from ._vector import QUAD, vector_functions
 
 __all__ = ["MAX_REGISTERS", "pack_kernel", "pack_launch", "pack_send", "wide_rows"]
-
-MAX_REGISTERS = 64  # a pack thread's (at 78, as NVVM left it, 6 blocks fit an SM, not 8)
 
 
 @functools.cache

@@ -65,6 +65,47 @@ def test_combine_matches_reference(dtype, d, base_e, loads, monkeypatch):
     check_combine(to_device, to_host, dtype, 4, 160, 4, d, rng, base_e=base_e)
 
 
+# Issue cells whose combine takes a decode-size shape: blocks of two warps (N = 4 and
+# 8 at B = 1), the float32 kernel capped at 64 registers (N = 2, B = 32), both (B = 1)
+DECODE_CELLS = [("bfloat16", 4, 1, 128, 512, 2), ("bfloat16", 8, 1, 128, 512, 2),
+                ("float32", 2, 32, 128, 512, 4), ("float32", 2, 1, 128, 512, 2)]
+
+
+@pytest.mark.parametrize("cell", DECODE_CELLS, ids=lambda c: "-".join(map(str, c[:5])))
+def test_combine_at_decode_shapes_matches_reference(cell):
+    """At the issue's decode cells the combine launches the shape ``block_warps`` and
+    ``capped`` give it: a capped kernel holds at most MAX_REGISTERS registers with
+    nothing spilled (no local memory), a 16-bit one is not capped, and the outputs
+    agree with the reference, adversarial LSEs included."""
+    import cupy
+    from cupy_dcp.kernels import combine
+    from cupy_dcp.kernels._arrays import kernel_array
+    from cupy_dcp.kernels._rows import MAX_REGISTERS
+    from cupy_dcp.layout import as_dtype, bits_dtype, lse_pack_dim
+
+    name, n, b, h, d, warps = cell
+    dtype = as_dtype(name)
+    bits = bits_dtype(dtype)
+    recv = cupy.zeros((n, b, h // n, d + lse_pack_dim(dtype)), dtype=bits)
+    out = cupy.zeros((b, h // n, d), dtype=dtype)
+    kernel, _, block, _ = combine.combine_launch(
+        dtype, kernel_array(recv, bits), kernel_array(out, combine.combine_codec(dtype)[1]),
+        None, True)
+    assert block == (32, warps)
+    module = cupy.cuda.function.Module()
+    module.load(kernel._image)
+    function = module.get_function(kernel._entry)
+    registers = cupy.cuda.driver.funcGetAttribute(4, function.ptr)  # CU_FUNC_ATTRIBUTE_NUM_REGS
+    spilled = cupy.cuda.driver.funcGetAttribute(3, function.ptr)  # ..._LOCAL_SIZE_BYTES
+    assert spilled == 0
+    if dtype.itemsize == 4:
+        assert registers <= MAX_REGISTERS
+    assert kernel._dispatcher.targetoptions.get("max_registers") == (
+        MAX_REGISTERS if dtype.itemsize == 4 else None)
+    to_device, to_host = cupy_io()
+    check_combine(to_device, to_host, dtype, n, b, h // n, d, np.random.default_rng(b + n))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", ["spread_e80", "near_3000", "head_major", "no_lse", "n5"])
 def test_combine_adversarial(dtype, case):

@@ -404,6 +404,45 @@ def test_combine_for_its_n_is_the_combine_for_any_n_bit_for_bit(dtype, n, d, loa
     assert np.isneginf(outs[0][1].view(np.float32)[2]).all()  # the token empty everywhere
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [2, 4])
+def test_combine_in_blocks_of_two_warps_gives_the_bits_of_blocks_of_four(dtype, n,
+                                                                        monkeypatch):
+    """A combine for its N that launches few warps runs them in blocks of
+    ``SPREAD_WARPS`` (``block_warps``): the same bits as in blocks of four, with five
+    heads (a block's last warp idle), rows split in several slices, three tokens,
+    NaN, +-inf and a token empty everywhere included."""
+    from cupy_dcp.kernels import combine
+    from cupy_dcp.kernels._arrays import kernel_array
+    from cupy_dcp.reference import pack_reference
+
+    rng = np.random.default_rng(50 + n)
+    b, hn, d = 3, 5, 150
+    x = rng.standard_normal((b, n * hn, d)).astype(np.float32)
+    x[0, 0, 1], x[1, 1, 2], x[2, 3, 4] = np.nan, np.inf, -np.inf
+    lse = rng.uniform(-30, 30, (b, n * hn)).astype(np.float32)
+    lse[0, 0], lse[2, :] = np.nan, -np.inf
+    recv = np.stack([pack_reference(x.astype(dtype), lse + r, n)[0] for r in range(n)])
+    bits = np.dtype(np.uint32 if np.dtype(dtype).itemsize == 4 else np.uint16)
+    _, value = combine.combine_codec(dtype)
+    monkeypatch.setattr(combine, "FEW_WARPS", 1 << 40)  # the fewest values a lane: slices
+    outs = []
+    for spread_from, warps in ((1, combine.SPREAD_WARPS), (1 << 40, 4)):
+        monkeypatch.setattr(combine, "SPREAD_FROM", spread_from)
+        out = np.zeros((b, hn, d), dtype)
+        out_lse = np.zeros((b, hn), np.float32)
+        kernel, grid, block, args = combine.combine_launch(
+            dtype, kernel_array(recv, bits), kernel_array(out, value),
+            kernel_array(out_lse, np.float32), True)
+        assert block == (32, warps) and grid[1] > 1
+        kernel(grid, block, 0, args)
+        outs.append((out.view(bits).copy(), out_lse.view(np.uint32).copy()))
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+    assert np.isneginf(outs[0][1].view(np.float32)[2]).all()  # the token empty everywhere
+    assert np.isfinite(outs[0][1].view(np.float32)[1]).all()
+
+
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if np.dtype(d).itemsize == 2], ids=str)
 @pytest.mark.parametrize("n", [2, 3, 9])
 def test_combine_in_word_pairs_gives_the_bits_of_the_combine_by_value(dtype, n):
