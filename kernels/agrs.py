@@ -12,7 +12,10 @@ wait on arithmetic: ``correct`` issues a row's values before its weights need
 the gathered LSEs (one round trip for both), and ``finish``'s lane 0 loads the
 row's LSEs with its values and weighs them after the row's stores. Each lane
 moves ``unroll`` values a trip (:func:`agrs_shape`: a row of D = 512 in one
-trip; each trip's loads wait on the stores before them).
+trip; each trip's loads wait on the stores before them). Launches of many rows
+stream instead (:func:`correct_shape`, :func:`finish_shape`): ``correct`` moves
+twice the values a lane, so that each lane weighs the gathered LSEs once for
+more of them, and ``finish`` moves a warp's values a trip, in more warps.
 """
 
 import functools
@@ -28,11 +31,14 @@ from ._launch import DeviceArray, SpecializedKernel, array_type
 from ._rows import UNROLL, WARP, lanes_per_row, row_cursor, row_grid, tile_cursor, tile_grid
 from ._codecs import RAW, codec_functions, combine_codec
 
-__all__ = ["MAX_HELD", "agrs_correct", "agrs_finish", "agrs_shape", "correct_kernel",
-           "correct_launch", "finish_kernel", "finish_launch", "mask_kernel", "mask_launch"]
+__all__ = ["CORRECT_STREAMS", "FINISH_STREAMS", "MAX_HELD", "agrs_correct", "agrs_finish",
+           "agrs_shape", "agrs_shapes", "correct_kernel", "correct_launch", "correct_shape",
+           "finish_kernel", "finish_launch", "finish_shape", "mask_kernel", "mask_launch"]
 
 
 MAX_HELD = 8  # gathered LSEs that finish's lane 0 loads with its row's values (N up to 8)
+CORRECT_STREAMS = 4096  # a correct of this many warps (at agrs_shape) streams
+FINISH_STREAMS = 2048  # a finish of this many warps (at agrs_shape) streams
 
 
 @functools.cache
@@ -53,6 +59,44 @@ def agrs_shape(elements):
     (D = 512 in one trip: each trip's loads wait on the stores before them)."""
     unroll = UNROLL if elements <= WARP * UNROLL else 2 * UNROLL
     return lanes_per_row(elements, unroll), unroll
+
+
+def _warps(rows, group):
+    return -(-rows * group // WARP)
+
+
+def correct_shape(elements, rows):
+    """``(group, unroll)`` of a correcting launch of ``rows`` rows (``B * H``) of
+    ``elements`` values: :func:`agrs_shape`, or where that launches at least
+    :data:`CORRECT_STREAMS` warps, twice its values a lane (each lane weighs the
+    row's N gathered LSEs, N exponentials, once for twice the values)."""
+    group, unroll = agrs_shape(elements)
+    if _warps(rows, group) >= CORRECT_STREAMS:
+        return lanes_per_row(elements, 2 * unroll), 2 * unroll
+    return group, unroll
+
+
+def finish_shape(elements, rows):
+    """``(group, unroll)`` of a finishing launch of ``rows`` rows (``B * H/N``) of
+    ``elements`` values: :func:`agrs_shape`, or where that moves more than a warp's
+    :data:`UNROLL` values a lane and launches at least :data:`FINISH_STREAMS`
+    warps, :data:`UNROLL` a lane (two trips a row of D = 512, in 60 registers
+    instead of 94: more warps an SM)."""
+    group, unroll = agrs_shape(elements)
+    if unroll > UNROLL and _warps(rows, group) >= FINISH_STREAMS:
+        return lanes_per_row(elements, UNROLL), UNROLL
+    return group, unroll
+
+
+def agrs_shapes(elements):
+    """``{"correct": [(group, unroll)], "finish": [...]}``: every shape the launches
+    for rows of ``elements`` values can pick (:func:`correct_shape`,
+    :func:`finish_shape`), few rows first."""
+    many = 1 << 40
+    return {"correct": sorted({correct_shape(elements, 1), correct_shape(elements, many)},
+                              key=lambda shape: shape[1]),
+            "finish": sorted({finish_shape(elements, 1), finish_shape(elements, many)},
+                             key=lambda shape: -shape[1])}
 
 
 @functools.cache
@@ -205,7 +249,7 @@ def mask_launch(lse, seq_lens, query_start_loc, num_seqs, out):
 @functools.cache
 def correct_kernel(dtype, group, unroll=UNROLL):
     """The correcting kernel for ``dtype``, ``group`` lanes a row and ``unroll`` values a
-    lane and trip (:func:`agrs_shape`)."""
+    lane and trip (:func:`correct_shape`)."""
     codec, value = combine_codec(dtype)
     i64 = types.int64
     return SpecializedKernel(_correct_kernel(codec, group, unroll), (
@@ -216,7 +260,7 @@ def correct_kernel(dtype, group, unroll=UNROLL):
 @functools.cache
 def finish_kernel(dtype, group, unroll=UNROLL):
     """The finishing kernel for ``dtype``, ``group`` lanes a row and ``unroll`` values a
-    lane and trip (:func:`agrs_shape`)."""
+    lane and trip (:func:`finish_shape`)."""
     codec, value = combine_codec(dtype)
     i64 = types.int64
     return SpecializedKernel(_finish_kernel(codec, group, unroll), (
@@ -233,7 +277,7 @@ def correct_launch(dtype, data, lses, self_rank, is_lse_base_on_e, corrected):
     if (b, h) != tuple(data.shape[:2]) or corrected.shape != (n, b, h // n, data.shape[2]):
         raise ValueError(f"lses must be [N, B, H] and corrected [N, B, H/N, D] for data "
                          f"{tuple(data.shape)} (got {lses.shape} and {corrected.shape})")
-    group, unroll = agrs_shape(data.shape[2])
+    group, unroll = correct_shape(data.shape[2], b * h)
     grid, block = tile_grid(h // n, b, group, n)
     return correct_kernel(dtype, group, unroll), grid, block, (
         data, lses, int(self_rank), int(bool(is_lse_base_on_e)), corrected)
@@ -253,7 +297,7 @@ def finish_launch(dtype, summed, lses, self_rank, is_lse_base_on_e, out, out_lse
         raise ValueError(f"out_lse must be [B, H/N] = {summed.shape[:2]} (got {out_lse.shape})")
     if not write_lse:  # never written: a placeholder of the right type
         out_lse = DeviceArray(out.ptr, (0, 0), (4, 4), np.float32, out.owner)
-    group, unroll = agrs_shape(summed.shape[2])
+    group, unroll = finish_shape(summed.shape[2], summed.shape[0] * summed.shape[1])
     grid, block = tile_grid(summed.shape[1], summed.shape[0], group)
     return finish_kernel(dtype, group, unroll), grid, block, (
         summed, lses, int(self_rank), int(bool(is_lse_base_on_e)), int(write_lse), out, out_lse)

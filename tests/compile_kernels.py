@@ -98,6 +98,10 @@ def kernels():
             group, unroll = agrs.agrs_shape(512)
             add(f"agrs {kernel} {dtype} group {group} unroll {unroll}",
                 getattr(agrs, f"{kernel}_kernel")(dtype, group, unroll))
+        for elements in (128, 512):  # many rows: correct streams, twice the values a lane
+            group, unroll = agrs.correct_shape(elements, 1 << 40)
+            add(f"agrs correct {dtype} group {group} unroll {unroll}",
+                agrs.correct_kernel(dtype, group, unroll))
         if dtype.itemsize == 2:  # 16-bit values combined in pairs
             add(f"combine {dtype} pairs", combine.combine_kernel(dtype, True))
         for shards in (2, 3, 8):  # the combine built for its N (every shard loaded first)

@@ -229,8 +229,17 @@ def test_pack_and_combine_capture_in_a_cuda_graph(dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("d", [1, 128, 576])
 @pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
-def test_agrs_kernels_match_reference(dtype, d, base_e):
+@pytest.mark.parametrize("streams", [False, True], ids=["few_rows", "streams"])
+def test_agrs_kernels_match_reference(dtype, d, base_e, streams, monkeypatch):
+    """The AG+RS kernels against the reference, in the shapes of few rows and in those
+    of many (``correct_shape``, ``finish_shape``: every launch streams)."""
     from kernel_checks import check_agrs
+
+    from cupy_dcp.kernels import agrs
+
+    if streams:
+        monkeypatch.setattr(agrs, "CORRECT_STREAMS", 0)
+        monkeypatch.setattr(agrs, "FINISH_STREAMS", 0)
     to_device, to_host = cupy_io()
     check_agrs(to_device, to_host, dtype, 2, 40, 8, d, np.random.default_rng(d), base_e=base_e)
     check_agrs(to_device, to_host, dtype, 3, 5, 2, d, np.random.default_rng(d + 1), head_major=True)

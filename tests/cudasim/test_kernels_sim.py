@@ -95,8 +95,17 @@ def test_zero_tokens_is_a_no_op():
                                    (2, 2, 1, 600)],  # two trips of twice UNROLL values a lane
                          ids=lambda s: "N%dB%dHn%dD%d" % s)
 @pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
-def test_agrs_kernels_match_reference(dtype, shape, base_e):
+@pytest.mark.parametrize("streams", [False, True], ids=["few_rows", "streams"])
+def test_agrs_kernels_match_reference(dtype, shape, base_e, streams, monkeypatch):
+    """The AG+RS kernels against the reference, in the shapes of few rows and in those
+    of many (``correct_shape``, ``finish_shape``: every launch streams)."""
     from kernel_checks import check_agrs
+
+    from cupy_dcp.kernels import agrs
+
+    if streams:
+        monkeypatch.setattr(agrs, "CORRECT_STREAMS", 0)
+        monkeypatch.setattr(agrs, "FINISH_STREAMS", 0)
     check_agrs(ident, host, dtype, *shape, np.random.default_rng(sum(shape)), base_e=base_e,
                head_major=shape[3] == 8)
 
@@ -480,7 +489,8 @@ def test_combine_in_word_pairs_gives_the_bits_of_the_combine_by_value(dtype, n):
 def test_every_agrs_kernel_a_launch_picks_is_one_the_plan_built():
     """An AG+RS plan warms up its kernels (``_compile.agrs_tasks``): the correcting and
     finishing kernels that the launches pick, for rows shorter and longer than a
-    warp's UNROLL values, are those very kernels."""
+    warp's UNROLL values, for few rows and for as many as stream (``correct_shape``,
+    ``finish_shape``), are those very kernels."""
     from cupy_dcp._compile import agrs_tasks
     from cupy_dcp.kernels import agrs
     from cupy_dcp.kernels._arrays import kernel_array
@@ -490,15 +500,20 @@ def test_every_agrs_kernel_a_launch_picks_is_one_the_plan_built():
         value = combine_codec(dtype)[1]
         for d in (1, 128, 300, 512, 576):
             built = {id(task()) for task in agrs_tasks(dtype, 4, d)}
-            n, b, h = 2, 3, 4
-            lses = kernel_array(np.zeros((n, b, h), np.float32), np.float32)
-            correct, _, _, _ = agrs.correct_launch(
-                dtype, kernel_array(np.zeros((b, h, d), dtype), value), lses, 0, True,
-                kernel_array(np.zeros((n, b, h // n, d), np.float32), np.float32))
-            finish, _, _, _ = agrs.finish_launch(
-                dtype, kernel_array(np.zeros((b, h // n, d), np.float32), np.float32), lses, 0,
-                True, kernel_array(np.zeros((b, h // n, d), dtype), value))
-            assert id(correct) in built and id(finish) in built, (dtype, d)
+            picked = []
+            for b in (3, 8192 if d <= 128 else 1024):  # few rows, then enough to stream
+                n, h = 2, 4
+                lses = kernel_array(np.zeros((n, b, h), np.float32), np.float32)
+                correct, _, _, _ = agrs.correct_launch(
+                    dtype, kernel_array(np.zeros((b, h, d), dtype), value), lses, 0, True,
+                    kernel_array(np.zeros((n, b, h // n, d), np.float32), np.float32))
+                finish, _, _, _ = agrs.finish_launch(
+                    dtype, kernel_array(np.zeros((b, h // n, d), np.float32), np.float32),
+                    lses, 0, True, kernel_array(np.zeros((b, h // n, d), dtype), value))
+                assert id(correct) in built and id(finish) in built, (dtype, d, b)
+                picked.append((correct, finish))
+            assert picked[0][0] is not picked[1][0], d  # many rows: correct streams
+            assert (picked[0][1] is not picked[1][1]) == (d > 256), d  # finish, past 8 a lane
 
 
 def test_every_combine_a_launch_picks_is_one_the_plan_built():
