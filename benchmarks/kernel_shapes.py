@@ -104,8 +104,8 @@ def _launches(cupy, cell):
     # what the library picks: the pack's warps, the combine's unroll (D in words where
     # 16-bit values go in pairs)
     elements = D // 2 if np.dtype(dtype).itemsize == 2 and D % 2 == 0 else D
-    group, picked_unroll, slices = combine._combine_shape(elements, rows, n)
-    picked_warps = combine.block_warps(-(-rows * slices * group // _rows.WARP)) or \
+    picked_unroll = combine._combine_shape(elements, rows, n)[1]
+    picked_warps = combine.block_warps(combine._warps(elements, rows, picked_unroll)) or \
         _rows.WARPS_PER_BLOCK
     picked = {"pack": f"warps {_rows.WARPS_PER_BLOCK}",
               "combine": f"unroll {picked_unroll} warps {picked_warps}"}

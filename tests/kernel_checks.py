@@ -119,6 +119,15 @@ def check_combine(to_device, to_host, dtype, n, b, h, d, rng, base_e=True, head_
         np.testing.assert_allclose(g[finite], expect_lse[finite], rtol=1e-6, atol=1e-5)
 
 
+def stream_every_agrs_launch(monkeypatch):
+    """Every AG+RS launch takes its shape for many rows (``correct_shape``,
+    ``finish_shape``), however few its rows."""
+    from cupy_dcp.kernels import agrs
+
+    monkeypatch.setattr(agrs, "CORRECT_STREAMS", 0)
+    monkeypatch.setattr(agrs, "FINISH_STREAMS", 0)
+
+
 def check_agrs(to_device, to_host, dtype, n, b, hn, d, rng, base_e=True, head_major=False):
     """The AG+RS kernels, N ranks simulated: correct on every rank, sum the terms
     (what the reduce-scatter does), finish on rank 1; against the oracle."""

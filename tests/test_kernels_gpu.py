@@ -233,13 +233,10 @@ def test_pack_and_combine_capture_in_a_cuda_graph(dtype):
 def test_agrs_kernels_match_reference(dtype, d, base_e, streams, monkeypatch):
     """The AG+RS kernels against the reference, in the shapes of few rows and in those
     of many (``correct_shape``, ``finish_shape``: every launch streams)."""
-    from kernel_checks import check_agrs
-
-    from cupy_dcp.kernels import agrs
+    from kernel_checks import check_agrs, stream_every_agrs_launch
 
     if streams:
-        monkeypatch.setattr(agrs, "CORRECT_STREAMS", 0)
-        monkeypatch.setattr(agrs, "FINISH_STREAMS", 0)
+        stream_every_agrs_launch(monkeypatch)
     to_device, to_host = cupy_io()
     check_agrs(to_device, to_host, dtype, 2, 40, 8, d, np.random.default_rng(d), base_e=base_e)
     check_agrs(to_device, to_host, dtype, 3, 5, 2, d, np.random.default_rng(d + 1), head_major=True)

@@ -99,13 +99,10 @@ def test_zero_tokens_is_a_no_op():
 def test_agrs_kernels_match_reference(dtype, shape, base_e, streams, monkeypatch):
     """The AG+RS kernels against the reference, in the shapes of few rows and in those
     of many (``correct_shape``, ``finish_shape``: every launch streams)."""
-    from kernel_checks import check_agrs
-
-    from cupy_dcp.kernels import agrs
+    from kernel_checks import check_agrs, stream_every_agrs_launch
 
     if streams:
-        monkeypatch.setattr(agrs, "CORRECT_STREAMS", 0)
-        monkeypatch.setattr(agrs, "FINISH_STREAMS", 0)
+        stream_every_agrs_launch(monkeypatch)
     check_agrs(ident, host, dtype, *shape, np.random.default_rng(sum(shape)), base_e=base_e,
                head_major=shape[3] == 8)
 
@@ -362,6 +359,25 @@ def test_pack_bf16x2_rounds_as_the_integer_path():
     check_pack_bf16x2(ident, host, np.random.default_rng(16))
 
 
+def _combine_bits(dtype, recv):
+    """Run the combine that ``combine_launch`` picks for ``recv [N, B, H/N, D + P]`` (as
+    packed for ``dtype``): its grid, block and arguments, and the output's and the
+    output LSE's bits."""
+    from cupy_dcp.kernels import combine
+    from cupy_dcp.kernels._arrays import kernel_array
+    from cupy_dcp.layout import lse_pack_dim
+
+    b, hn, d = recv.shape[1], recv.shape[2], recv.shape[3] - lse_pack_dim(dtype)
+    bits = np.dtype(np.uint32 if np.dtype(dtype).itemsize == 4 else np.uint16)
+    out = np.zeros((b, hn, d), dtype)
+    out_lse = np.zeros((b, hn), np.float32)
+    kernel, grid, block, args = combine.combine_launch(
+        dtype, kernel_array(recv, bits), kernel_array(out, combine.combine_codec(dtype)[1]),
+        kernel_array(out_lse, np.float32), True)
+    kernel(grid, block, 0, args)
+    return grid, block, args, (out.view(bits).copy(), out_lse.view(np.uint32).copy())
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n", [2, 3, 5, 8])
 @pytest.mark.parametrize("d, loads", [(10, "most"), (10, "fewest"), (150, "most"),
@@ -374,7 +390,6 @@ def test_combine_for_its_n_is_the_combine_for_any_n_bit_for_bit(dtype, n, d, loa
     partial), gives the bits of the one built for any N, NaN, +-inf and empty shards
     included."""
     from cupy_dcp.kernels import combine
-    from cupy_dcp.kernels._arrays import kernel_array
     from cupy_dcp.reference import pack_reference
 
     # MANY_WARPS 0: every launch streams (the most values a lane); else none does, and
@@ -388,16 +403,10 @@ def test_combine_for_its_n_is_the_combine_for_any_n_bit_for_bit(dtype, n, d, loa
     lse = rng.uniform(-30, 30, (b, n * hn)).astype(np.float32)
     lse[0, 0], lse[2, :] = np.nan, -np.inf  # a NaN LSE, and a token empty everywhere
     recv = np.stack([pack_reference(x.astype(dtype), lse + r, n)[0] for r in range(n)])
-    bits = np.dtype(np.uint32 if np.dtype(dtype).itemsize == 4 else np.uint16)
-    _, value = combine.combine_codec(dtype)
     outs = []
     for shards in (combine.static_shards, lambda n: 0):  # for its N, then for any N
         monkeypatch.setattr(combine, "static_shards", shards)
-        out = np.zeros((b, hn, d), dtype)
-        out_lse = np.zeros((b, hn), np.float32)
-        kernel, grid, block, args = combine.combine_launch(
-            dtype, kernel_array(recv, bits), kernel_array(out, value),
-            kernel_array(out_lse, np.float32), True)
+        grid, _, args, got = _combine_bits(dtype, recv)
         if shards(n):  # values (or word pairs) a row, as the kernel sees them
             elements = args[2].shape[2]
             unroll = combine.combine_unroll(elements, b * hn, n)
@@ -405,8 +414,7 @@ def test_combine_for_its_n_is_the_combine_for_any_n_bit_for_bit(dtype, n, d, loa
             assert (grid[1] > 1) == (elements > combine.lanes_per_row(elements, unroll) * unroll)
         else:
             assert grid[1] == 1
-        kernel(grid, block, 0, args)
-        outs.append((out.view(bits).copy(), out_lse.view(np.uint32).copy()))
+        outs.append(got)
     np.testing.assert_array_equal(outs[0][0], outs[1][0])
     np.testing.assert_array_equal(outs[0][1], outs[1][1])
     assert np.isfinite(outs[0][1].view(np.float32)[1]).all()  # a token with every shard
@@ -422,7 +430,6 @@ def test_combine_in_blocks_of_two_warps_gives_the_bits_of_blocks_of_four(dtype, 
     heads (a block's last warp idle), rows split in several slices, three tokens,
     NaN, +-inf and a token empty everywhere included."""
     from cupy_dcp.kernels import combine
-    from cupy_dcp.kernels._arrays import kernel_array
     from cupy_dcp.reference import pack_reference
 
     rng = np.random.default_rng(50 + n)
@@ -432,20 +439,13 @@ def test_combine_in_blocks_of_two_warps_gives_the_bits_of_blocks_of_four(dtype, 
     lse = rng.uniform(-30, 30, (b, n * hn)).astype(np.float32)
     lse[0, 0], lse[2, :] = np.nan, -np.inf
     recv = np.stack([pack_reference(x.astype(dtype), lse + r, n)[0] for r in range(n)])
-    bits = np.dtype(np.uint32 if np.dtype(dtype).itemsize == 4 else np.uint16)
-    _, value = combine.combine_codec(dtype)
     monkeypatch.setattr(combine, "FEW_WARPS", 1 << 40)  # the fewest values a lane: slices
     outs = []
     for spread_from, warps in ((1, combine.SPREAD_WARPS), (1 << 40, 4)):
         monkeypatch.setattr(combine, "SPREAD_FROM", spread_from)
-        out = np.zeros((b, hn, d), dtype)
-        out_lse = np.zeros((b, hn), np.float32)
-        kernel, grid, block, args = combine.combine_launch(
-            dtype, kernel_array(recv, bits), kernel_array(out, value),
-            kernel_array(out_lse, np.float32), True)
+        grid, block, _, got = _combine_bits(dtype, recv)
         assert block == (32, warps) and grid[1] > 1
-        kernel(grid, block, 0, args)
-        outs.append((out.view(bits).copy(), out_lse.view(np.uint32).copy()))
+        outs.append(got)
     np.testing.assert_array_equal(outs[0][0], outs[1][0])
     np.testing.assert_array_equal(outs[0][1], outs[1][1])
     assert np.isneginf(outs[0][1].view(np.float32)[2]).all()  # the token empty everywhere
