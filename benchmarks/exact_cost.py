@@ -112,24 +112,42 @@ def _launches(cupy, cell):
     return launches, (recv, out, out_lse)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(description, cells, what="CELLS"):
+    """``(args, cells)``: this script's command line (rounds, calls, reps and the indices
+    into ``cells``, named ``what`` in the help) and the cells it picks."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--cells", default=None,
-                        help="comma list of indices into CELLS (default: every cell)")
+                        help=f"comma list of indices into {what} (default: every cell)")
     args = parser.parse_args()
-    cells = CELLS if args.cells is None else [CELLS[int(i)] for i in args.cells.split(",")]
+    return args, cells if args.cells is None else [cells[int(i)] for i in args.cells.split(",")]
+
+
+def floor_launches(cupy, read_bytes, written_bytes, grid, block):
+    """``{"empty": launch, "copy": launch}``: the launch and copy floors of ``_floors`` in
+    a combine's ``grid`` and ``block``, over buffers of the bytes it reads and writes."""
+    from cupy_dcp._floors import copy_kernel, empty_kernel, in_flight, quad_words
+    from cupy_dcp._kernel_bench import floor_blocks
+    from cupy_dcp.kernels._arrays import kernel_array
+
+    src = cupy.zeros(quad_words(read_bytes), dtype=cupy.uint32)
+    dst = cupy.empty(quad_words(written_bytes), dtype=cupy.uint32)
+    floor_args = (kernel_array(src, np.uint32), kernel_array(dst, np.uint32))
+    return {"empty": (empty_kernel(), floor_blocks(grid), block, floor_args),
+            "copy": (copy_kernel(in_flight(read_bytes, written_bytes)), floor_blocks(grid),
+                     block, floor_args)}
+
+
+def main():
+    args, cells = arguments(__doc__.splitlines()[0], CELLS)
 
     import cupy
 
-    from cupy_dcp._floors import copy_kernel, empty_kernel, in_flight, quad_words
-    from cupy_dcp._kernel_bench import _interleaved_us, floor_blocks
-    from cupy_dcp.kernels._arrays import kernel_array
+    from cupy_dcp._kernel_bench import _interleaved_us
 
     stream = cupy.cuda.Stream(non_blocking=True)
-    empty = empty_kernel()
     print(f"graph of {args.calls} calls, median of {args.reps} replays, median of "
           f"{args.rounds} rounds; us per call; empty and copy in the combine's grid; "
           f"vLLM from issue 27's table", flush=True)
@@ -138,14 +156,9 @@ def main():
     with stream:
         for cell in cells:
             launches, (recv, out, out_lse) = _launches(cupy, cell)
-            src = cupy.zeros(quad_words(recv.nbytes), dtype=cupy.uint32)
-            dst = cupy.empty(quad_words(out.nbytes + out_lse.nbytes), dtype=cupy.uint32)
-            floor_args = (kernel_array(src, np.uint32), kernel_array(dst, np.uint32))
             _, grid, block, _ = launches["exact"]
-            timed = dict(launches)
-            timed["empty"] = (empty, floor_blocks(grid), block, floor_args)
-            copier = copy_kernel(in_flight(recv.nbytes, out.nbytes + out_lse.nbytes))
-            timed["copy"] = (copier, floor_blocks(grid), block, floor_args)
+            timed = {**launches, **floor_launches(cupy, recv.nbytes,
+                                                  out.nbytes + out_lse.nbytes, grid, block)}
             us = _interleaved_us(cupy, stream, timed, args.rounds, args.calls, args.reps)
             dtype_name, n, B, H, D, vllm = cell
             label = f"{dtype_name} N={n} B={B} {H}x{D}"

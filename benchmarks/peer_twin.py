@@ -29,14 +29,13 @@ checked against ours before it is timed (within 2 output ulps: the twins'
 weights are not ours).
 """
 
-import argparse
 import functools
 import math
 
 import numpy as np
 from numba import cuda
 
-from exact_cost import CELLS
+from exact_cost import CELLS, arguments, floor_launches
 
 THREADS = 128  # Triton's four warps a program
 VARIANTS = ("peer", "peer_exact", "peer_words")
@@ -160,26 +159,17 @@ def _inputs(cupy, cell, seed=7):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--calls", type=int, default=20)
-    parser.add_argument("--reps", type=int, default=15)
-    parser.add_argument("--cells", default=None,
-                        help="comma list of indices into exact_cost.CELLS (default: every cell)")
-    args = parser.parse_args()
-    cells = CELLS if args.cells is None else [CELLS[int(i)] for i in args.cells.split(",")]
+    args, cells = arguments(__doc__.splitlines()[0], CELLS, "exact_cost.CELLS")
 
     import cupy
     from ml_dtypes import finfo
 
-    from cupy_dcp._floors import copy_kernel, empty_kernel, in_flight, quad_words
-    from cupy_dcp._kernel_bench import _interleaved_us, floor_blocks
+    from cupy_dcp._kernel_bench import _interleaved_us
     from cupy_dcp.kernels._arrays import kernel_array
     from cupy_dcp.kernels.combine import combine_codec, combine_launch
     from cupy_dcp.layout import as_dtype, bits_dtype
 
     stream = cupy.cuda.Stream(non_blocking=True)
-    empty = empty_kernel()
     print(f"graph of {args.calls} calls, median of {args.reps} replays, median of "
           f"{args.rounds} rounds; us per call; empty and copy in our combine's grid; "
           f"vLLM from issue 27's table (another run)", flush=True)
@@ -210,13 +200,8 @@ def main():
                 assert off <= 4, f"{variant} at {cell[:5]}: {off:.1f} units from ours"
                 worst = max(worst, off)
                 timed[variant] = launch
-            src = cupy.zeros(quad_words(recv.nbytes), dtype=cupy.uint32)
-            dst = cupy.empty(quad_words(out.nbytes + out_lse.nbytes), dtype=cupy.uint32)
-            floor_args = (kernel_array(src, np.uint32), kernel_array(dst, np.uint32))
-            grid, block = ours[1], ours[2]
-            timed["empty"] = (empty, floor_blocks(grid), block, floor_args)
-            timed["copy"] = (copy_kernel(in_flight(recv.nbytes, out.nbytes + out_lse.nbytes)),
-                             floor_blocks(grid), block, floor_args)
+            timed.update(floor_launches(cupy, recv.nbytes, out.nbytes + out_lse.nbytes,
+                                        ours[1], ours[2]))
             us = _interleaved_us(cupy, stream, timed, args.rounds, args.calls, args.reps)
             dtype_name, n, B, H, D, vllm = cell
             label = f"{dtype_name} N={n} B={B} {H}x{D}"
