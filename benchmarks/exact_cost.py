@@ -8,8 +8,10 @@ kernels in the library's launch shape, timed in a CUDA graph (``--calls``
 launches, the median of ``--reps`` replays), interleaved over ``--rounds``
 rounds, the median of the rounds reported:
 
-- ``exact``: the combine as the library builds it (``_math``: libdevice
-  ``expf`` with its range reduction, an IEEE reciprocal of the sum);
+- ``exact``: the combine that splits rows over warps (``_slices``) as the
+  library builds it (``_math``: libdevice ``expf`` with its range reduction,
+  an IEEE reciprocal of the sum); where the library runs a block a row
+  instead (``combine.by_blocks``), ``peer_twin.py`` times that one;
 - ``fast``: the same kernel with its weights' functions compiled with
   ``fastmath`` (``ex2.approx`` of the scaled difference, ``div.approx``), the
   precision of a Triton kernel's ``tl.exp`` and division; its error grows
@@ -73,20 +75,23 @@ def _weights(variant):
 
 @contextlib.contextmanager
 def _built_with(weights):
-    """Combine kernels built inside use ``weights`` (a ``held_weights`` twin), uncached."""
+    """Combines launched inside split rows over warps (``_slices``, never a block a row:
+    every variant is the same kernel but for its weights) and, where ``weights`` (a
+    ``held_weights`` twin), use it, built uncached."""
     from cupy_dcp.kernels import _slices, combine
 
-    if weights is None:
-        yield
-        return
-    saved = _slices.held_weights, combine.slices_kernel, combine.combine_kernel
-    _slices.held_weights = lambda: weights
-    combine.slices_kernel = _slices.slices_kernel.__wrapped__
-    combine.combine_kernel = combine.combine_kernel.__wrapped__
+    saved = (_slices.held_weights, combine.slices_kernel, combine.combine_kernel,
+             combine.by_blocks)
+    combine.by_blocks = lambda *shape: False
+    if weights is not None:
+        _slices.held_weights = lambda: weights
+        combine.slices_kernel = _slices.slices_kernel.__wrapped__
+        combine.combine_kernel = combine.combine_kernel.__wrapped__
     try:
         yield
     finally:
-        _slices.held_weights, combine.slices_kernel, combine.combine_kernel = saved
+        (_slices.held_weights, combine.slices_kernel, combine.combine_kernel,
+         combine.by_blocks) = saved
 
 
 def _launches(cupy, cell):
@@ -107,8 +112,9 @@ def _launches(cupy, cell):
             launches[variant] = combine_launch(dtype, kernel_array(recv, bits),
                                                kernel_array(out, value),
                                                kernel_array(out_lse, np.float32), True)
-    launches["no_lse"] = combine_launch(dtype, kernel_array(recv, bits), kernel_array(out, value),
-                                        None, True)
+    with _built_with(None):
+        launches["no_lse"] = combine_launch(dtype, kernel_array(recv, bits),
+                                            kernel_array(out, value), None, True)
     return launches, (recv, out, out_lse)
 
 

@@ -42,8 +42,8 @@ def a2a_tasks(dtype, head_dim, world_size=0):
     bits = np.dtype(np.uint32 if dtype.itemsize == 4 else np.uint16)
 
     def combines(pairs, elements):
-        return [functools.partial(combine_kernel, dtype, pairs, group, shards, unroll)
-                for group, unroll in combine_variants(elements, shards)]
+        return [functools.partial(combine_kernel, dtype, pairs, *variant)
+                for variant in combine_variants(elements, shards, True)]
 
     def pack(bits, elements):  # with a mask and without one
         return [functools.partial(pack_kernel, np.dtype(bits), lanes_per_row(elements),

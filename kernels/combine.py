@@ -11,13 +11,16 @@ The received buffer is seen twice: as values (float32, float16, the bfloat16
 bits as uint16, or pairs of 16-bit values as uint32 words) and as bits (to read
 the LSE lanes).
 
-Two kernels, giving the same bits: for N from 2 to :data:`MAX_STATIC_SHARDS`
-the one built for its N (``_slices``: every loop over the shards unrolled,
-every shard's loads issued before any is weighed, a row's LSEs and weights
-held in registers, each row split over the grid's y; each lane moves as many
-values as :func:`combine_unroll` gives: about :data:`LANE_LOADS` in all,
-fewer for few rows, more at N = 8 for many); for any other N one that
-walks the shards two at a time. Rows map to the grid by ``_rows.tile_grid``.
+Three kernels, giving the same bits. For N from 2 to :data:`MAX_STATIC_SHARDS`,
+two built for their N (every loop over the shards unrolled, every shard's
+loads issued before any is weighed, a row's LSEs and weights held in
+registers): ``_blocks``, a block of 128 threads per row with no loop, where
+:func:`by_blocks` allows (few rows, or rows long enough that each thread
+moves several values); else ``_slices``, each row split over the grid's y,
+each lane moving as many values as :func:`combine_unroll` gives (about
+:data:`LANE_LOADS` in all, fewer for few rows, more at N = 8 for many),
+rows mapped to the grid by ``_rows.tile_grid``. For any other N, one that
+walks the shards two at a time.
 """
 
 import functools
@@ -31,13 +34,15 @@ from ._arrays import dummy_index, kernel_array, stream_ptr
 from ._codecs import _BF16, _F16, PAIRS, RAW, RAW_BITS, codec_functions, combine_codec
 from ._device import device_functions, inline_device, row_weights_of
 from ._launch import DeviceArray, SpecializedKernel, array_type
-from ._rows import MAX_REGISTERS, UNROLL, WARP, lanes_per_row, tile_cursor, tile_grid
+from ._blocks import BLOCK_THREADS, blocks_kernel
+from ._rows import MAX_GRID_Z, MAX_REGISTERS, UNROLL, WARP, lanes_per_row, tile_cursor, tile_grid
 from ._slices import slices_kernel
 from ._specs import check_combine_args
 from ._trailer import WORDS, combine_checks
 
-__all__ = ["FEW_WARPS", "LANE_LOADS", "MANY_WARPS", "MAX_STATIC_SHARDS", "SLICED_UNROLL",
-           "SPREAD_FROM", "SPREAD_WARPS", "STREAM_UNROLL", "block_warps", "capped",
+__all__ = ["BLOCK_LOADS", "BLOCK_ROWS", "FEW_WARPS", "FULL_BLOCK", "LANE_LOADS", "MANY_WARPS",
+           "MAX_STATIC_SHARDS", "SLICED_UNROLL", "SPREAD_FROM", "SPREAD_WARPS", "STREAM_UNROLL",
+           "block_values", "block_warps", "by_blocks", "capped",
            "codec_functions", "combine_codec", "combine_kernel", "combine_launch",
            "combine_unroll", "combine_variants", "lane_weights", "row_accumulator",
            "static_shards", "unpack_combine"]
@@ -185,6 +190,9 @@ MANY_WARPS = 4096  # a combine for its N launched as more warps streams its rows
 STREAM_UNROLL = 4  # the fewest values a lane and shard of a combine that streams
 SPREAD_FROM = 64  # a combine for its N of this many warps, up to FEW_WARPS, runs in
 SPREAD_WARPS = 2  # blocks of this many warps (more SMs share few warps)
+BLOCK_LOADS = 32  # the most values a thread of a block a row loads, over every shard
+BLOCK_ROWS = 512  # up to this many rows a combine for its N runs a block a row,
+FULL_BLOCK = 4  # and beyond, where each thread moves at least this many values a shard
 
 
 def static_shards(n):
@@ -204,16 +212,30 @@ def capped(codec, shards, unroll):
 
 
 @functools.cache
-def combine_kernel(dtype, pairs=False, group=WARP, shards=0, unroll=UNROLL):
+def combine_kernel(dtype, pairs=False, group=WARP, shards=0, unroll=UNROLL, blocks=False,
+                   signed=False):
     """The combine kernel specialised for output ``dtype`` (and 16-bit pairs),
     ``group`` lanes per row and, where ``shards`` (2 to :data:`MAX_STATIC_SHARDS`),
     for exactly that many ranks (0: any) with ``unroll`` values per lane and shard
     (:func:`combine_unroll`); the kernel for exactly N (``_slices``) splits rows
     over its grid's y, takes flat views of the received buffer too, and is linked
-    with at most :data:`MAX_REGISTERS` registers where :func:`capped`."""
+    with at most :data:`MAX_REGISTERS` registers where :func:`capped`.
+
+    ``blocks``: the kernel for exactly ``shards`` ranks with a block a row
+    (``_blocks``; ``group`` unused, ``unroll`` the values a thread and shard,
+    :func:`block_values`), checking a plan's trailer where ``signed``; its
+    arguments are ``_blocks.blocks_kernel``'s."""
     codec, value = combine_codec(dtype, pairs)
     bits = np.dtype(np.uint32 if value.itemsize == 4 else np.uint16)
     i64 = types.int64
+    if blocks:
+        argtypes = (array_type(value, 1, True), array_type(bits, 1, True),
+                    array_type(value, 3, False), array_type(np.float32, 2, False),
+                    i64, i64, i64, i64, i64)
+        if signed:
+            argtypes += (array_type(bits, 4, True), array_type(np.int64, 1, True),
+                         array_type(np.int64, 1, True))
+        return SpecializedKernel(blocks_kernel(codec, shards, unroll, signed), argtypes)
     argtypes = (array_type(value, 4, True), array_type(bits, 4, True),
                 array_type(value, 3, False), array_type(np.float32, 2, False), i64, i64,
                 array_type(np.int64, 1, True), array_type(np.int64, 1, True))
@@ -293,13 +315,36 @@ def _combine_shape(elements, rows, shards):
     return group, unroll, slices
 
 
-def combine_variants(elements, shards):
-    """``[(group, unroll)]`` of the combine kernels that a combine of rows of ``elements``
-    values (words in pairs) can launch (:func:`combine_launch`): whole rows, or for
-    ``shards`` ranks built for their N one per :func:`combine_unroll` choice."""
+def block_values(elements):
+    """The values a thread and shard of the combine with a block a row moves, for rows
+    of ``elements`` values (words in pairs)."""
+    return -(-int(elements) // BLOCK_THREADS)
+
+
+def by_blocks(elements, tokens, rows, shards):
+    """Whether the combine of ``tokens`` tokens, ``rows`` rows in all, of ``elements``
+    values (words in pairs) for ``shards`` ranks (:func:`static_shards`) runs a block
+    a row (``_blocks``): for its N, a row in one step of at most :data:`BLOCK_LOADS`
+    loads a thread, the tokens within a grid's y, and at most :data:`BLOCK_ROWS`
+    rows or :data:`FULL_BLOCK` values a thread and shard (many short rows run
+    faster split over warps). The figures behind it: ``benchmarks/NOTES.md``."""
+    per = block_values(elements)
+    return bool(shards) and per * shards <= BLOCK_LOADS and tokens <= MAX_GRID_Z and \
+        (rows <= BLOCK_ROWS or per >= FULL_BLOCK)
+
+
+def combine_variants(elements, shards, signed=False):
+    """The combine kernels that a combine of rows of ``elements`` values (words in pairs)
+    can launch (:func:`combine_launch`), as the arguments of :func:`combine_kernel`
+    after its ``dtype`` and ``pairs``: whole rows, or for ``shards`` ranks built for
+    their N one per :func:`combine_unroll` choice and, where a row fits a block's
+    step, the one with a block a row (checking a plan's trailer where ``signed``)."""
     if not shards:
-        return [_combine_shape(elements, 1, 0)[:2]]
-    return [(_slicing(elements, unroll)[0], unroll) for unroll in _unrolls(shards)]
+        return [(_combine_shape(elements, 1, 0)[0], 0, UNROLL)]
+    found = [(_slicing(elements, unroll)[0], shards, unroll) for unroll in _unrolls(shards)]
+    if by_blocks(elements, 1, 1, shards):
+        found.append((WARP, shards, block_values(elements), True, bool(signed)))
+    return found
 
 
 def unpack_combine(recv, out, out_lse=None, is_lse_base_on_e=True, stream=None):
@@ -337,6 +382,10 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None
     trailers of ``_trailer``; the kernel compares every peer's with rank 0's and
     marks each differing word in ``status`` (``N * WORDS * STATUS_WORDS`` words,
     host-mapped memory in a plan); it sets ``state[0]`` to ``state[1] + 1``.
+
+    For N from 2 to :data:`MAX_STATIC_SHARDS`, a combine that :func:`by_blocks`
+    allows runs a block of ``_blocks.BLOCK_THREADS`` threads a row, on grid
+    ``(H/N, B, 1)``; the others run on ``_rows.tile_grid``.
     """
     codec, value = combine_codec(dtype)
     recv_bits.require_c_contiguous("recv")
@@ -352,6 +401,15 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None
     status, state = (dummy_index(), dummy_index()) if signed is None else signed
     shards = static_shards(recv_vals.shape[0])
     rows = out.shape[0] * out.shape[1]
+    if by_blocks(out.shape[2], out.shape[0], rows, shards):
+        _, chunk_tokens, heads, width = recv_vals.shape
+        kernel = combine_kernel(dtype, codec in PAIRS, WARP, shards, block_values(out.shape[2]),
+                                True, signed is not None)
+        args = (recv_vals.flat(), recv_bits.flat(), out, out_lse, int(write_lse),
+                int(bool(is_lse_base_on_e)), heads, width, chunk_tokens * heads * width)
+        if signed is not None:
+            args += (recv_bits, status, state)
+        return kernel, (out.shape[1], out.shape[0], 1), (BLOCK_THREADS, 1), args
     group, unroll, slices = _combine_shape(out.shape[2], rows, shards)
     warps = block_warps(_warps(out.shape[2], rows, unroll)) if slices else None
     grid, block = tile_grid(out.shape[1], out.shape[0], group, slices, warps)

@@ -113,6 +113,14 @@ def kernels():
                 if dtype.itemsize == 2:
                     add(f"combine {dtype} pairs N={shards}{suffix}",
                         combine.combine_kernel(dtype, True, 32, shards, unroll))
+        for shards, per in ((2, 2), (3, 3), (8, 4)):  # a block a row: values a thread
+            for signed in (False, True):
+                suffix = f"N={shards} block a row, {per} a thread{' signed' if signed else ''}"
+                add(f"combine {dtype} {suffix}",
+                    combine.combine_kernel(dtype, False, 32, shards, per, True, signed))
+                if dtype.itemsize == 2:
+                    add(f"combine {dtype} pairs {suffix}",
+                        combine.combine_kernel(dtype, True, 32, shards, per, True, signed))
     add("agrs mask", agrs.mask_kernel(32))
     for n in (2, 3):
         add(f"bare push N={n}", bare_push.bare_push_kernel(n))

@@ -75,10 +75,15 @@ def test_a2a_variants():
     assert len(a2a_tasks(np.dtype(np.float16), 511)) == 3  # an odd D: by 16 bits
     assert len(a2a_tasks(np.dtype(np.float32), 512)) == 3
     # N from 2 to 8: the combine for its N, one for each number of values a lane that
-    # it can move (combine_unroll: N = 2: 8, 4, 2; N = 8: 4, 2)
-    assert len(a2a_tasks(BF16, 512, 2)) == 5
-    assert len(a2a_tasks(np.dtype(np.float32), 512, 8)) == 4
-    assert sorted(c.args[4] for c in a2a_tasks(BF16, 512, 2)[2:]) == [2, 4, 8]
+    # it can move (combine_unroll: N = 2: 8, 4, 2; N = 8: 4, 2), and where a row fits
+    # a block's step (at most 32 loads a thread) the signed one with a block a row
+    assert len(a2a_tasks(BF16, 512, 2)) == 6
+    assert len(a2a_tasks(np.dtype(np.float32), 512, 8)) == 5  # 4 values a thread, 8 shards
+    assert len(a2a_tasks(np.dtype(np.float32), 1024, 8)) == 4  # 8 a thread: no block a row
+    sliced = [c for c in a2a_tasks(BF16, 512, 2)[2:] if len(c.args) == 5]
+    assert sorted(c.args[4] for c in sliced) == [2, 4, 8]
+    blocks = [c.args[2:] for c in a2a_tasks(BF16, 512, 2)[2:] if len(c.args) > 5]
+    assert blocks == [(32, 2, 2, True, True)]  # 256 words: 2 a thread; signed, as plans call
     assert len(a2a_tasks(BF16, 512, 9)) == 3  # past 8: the combine for any N
     masked, unmasked, *combines = a2a_tasks(BF16, 512, 2)  # functools.partial: their arguments
     assert masked.args[3] and not unmasked.args[3]

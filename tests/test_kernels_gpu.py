@@ -50,33 +50,39 @@ def test_pack_bit_exact(dtype, d, monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
-@pytest.mark.parametrize("loads", ["most", "fewest"])
+@pytest.mark.parametrize("loads", ["most", "fewest", "blocks"])
 def test_combine_matches_reference(dtype, d, base_e, loads, monkeypatch):
     """The combine for exactly N, with the most values a lane for its N (N = 2: 8,
-    N = 4: 4; the longer rows split over the grid) and with the fewest (2: rows
-    split)."""
+    N = 4: 4; the longer rows split over the grid), with the fewest (2: rows
+    split), and with a block a row (``_blocks``)."""
     from cupy_dcp.kernels import combine
 
     monkeypatch.setattr(combine, "MANY_WARPS", 0 if loads == "most" else 1 << 40)
     monkeypatch.setattr(combine, "FEW_WARPS", 1 << 40)
+    monkeypatch.setattr(combine, "by_blocks", lambda *shape: loads == "blocks")
     to_device, to_host = cupy_io()
     rng = np.random.default_rng(d)
     check_combine(to_device, to_host, dtype, 2, 64, 8, d, rng, base_e=base_e)
     check_combine(to_device, to_host, dtype, 4, 160, 4, d, rng, base_e=base_e)
 
 
-# Issue cells whose combine takes a decode-size shape: blocks of two warps (N = 4 and
-# 8 at B = 1), the float32 kernel capped at 64 registers (N = 2, B = 32), both (B = 1)
+# Issue cells whose combine takes a decode-size shape. Rows split over warps (the
+# block a row turned off): blocks of two warps (N = 4 and 8 at B = 1), the float32
+# kernel capped at 64 registers (N = 2, B = 32), both (B = 1). A block a row (warps 0,
+# as the library picks): few rows of words, 4 float32 values a thread, short rows.
 DECODE_CELLS = [("bfloat16", 4, 1, 128, 512, 2), ("bfloat16", 8, 1, 128, 512, 2),
-                ("float32", 2, 32, 128, 512, 4), ("float32", 2, 1, 128, 512, 2)]
+                ("float32", 2, 32, 128, 512, 4), ("float32", 2, 1, 128, 512, 2),
+                ("bfloat16", 2, 1, 128, 512, 0), ("float32", 8, 32, 128, 512, 0),
+                ("bfloat16", 8, 32, 32, 128, 0)]
 
 
-@pytest.mark.parametrize("cell", DECODE_CELLS, ids=lambda c: "-".join(map(str, c[:5])))
-def test_combine_at_decode_shapes_matches_reference(cell):
-    """At the issue's decode cells the combine launches the shape ``block_warps`` and
-    ``capped`` give it: a capped kernel holds at most MAX_REGISTERS registers with
-    nothing spilled (no local memory), a 16-bit one is not capped, and the outputs
-    agree with the reference, adversarial LSEs included."""
+@pytest.mark.parametrize("cell", DECODE_CELLS, ids=lambda c: "-".join(map(str, c[:6])))
+def test_combine_at_decode_shapes_matches_reference(cell, monkeypatch):
+    """At the issue's decode cells the combine launches the shape ``by_blocks``,
+    ``block_warps`` and ``capped`` give it: a capped kernel holds at most
+    MAX_REGISTERS registers, none spills (no local memory), a 16-bit one or a block
+    a row is not capped, and the outputs agree with the reference, adversarial LSEs
+    included."""
     import cupy
     from cupy_dcp.kernels import combine
     from cupy_dcp.kernels._arrays import kernel_array
@@ -84,6 +90,8 @@ def test_combine_at_decode_shapes_matches_reference(cell):
     from cupy_dcp.layout import as_dtype, bits_dtype, lse_pack_dim
 
     name, n, b, h, d, warps = cell
+    if warps:
+        monkeypatch.setattr(combine, "by_blocks", lambda *shape: False)
     dtype = as_dtype(name)
     bits = bits_dtype(dtype)
     recv = cupy.zeros((n, b, h // n, d + lse_pack_dim(dtype)), dtype=bits)
@@ -91,7 +99,7 @@ def test_combine_at_decode_shapes_matches_reference(cell):
     kernel, _, block, _ = combine.combine_launch(
         dtype, kernel_array(recv, bits), kernel_array(out, combine.combine_codec(dtype)[1]),
         None, True)
-    assert block == (32, warps)
+    assert block == ((32, warps) if warps else (combine.BLOCK_THREADS, 1))
     module = cupy.cuda.function.Module()
     module.load(kernel._image)
     function = module.get_function(kernel._entry)
@@ -101,7 +109,7 @@ def test_combine_at_decode_shapes_matches_reference(cell):
     if dtype.itemsize == 4:
         assert registers <= MAX_REGISTERS
     assert kernel._dispatcher.targetoptions.get("max_registers") == (
-        MAX_REGISTERS if dtype.itemsize == 4 else None)
+        MAX_REGISTERS if dtype.itemsize == 4 and warps else None)
     to_device, to_host = cupy_io()
     check_combine(to_device, to_host, dtype, n, b, h // n, d, np.random.default_rng(b + n))
 

@@ -29,12 +29,13 @@ def test_every_kernel_of_a_case_launches(dtype):
     }
     # the tile grid: H/N = 2 rows a token along x (one warp holds both: 4 lanes a row), the
     # ranks along y for the pack and the correction (one slice of a row for the others),
-    # the B tokens along z
-    grids = {"pack": (1, n, B), "pack_masked": (1, n, B), "combine": (1, 1, B),
+    # the B tokens along z; the combine runs a block of 128 threads a row: (H/N, B)
+    grids = {"pack": (1, n, B), "pack_masked": (1, n, B), "combine": (H // n, B, 1),
              "agrs_correct": (1, n, B), "agrs_finish": (1, 1, B)}
     for name, (kernel, grid, block, args), nread, nwritten in launches:
         assert (nread, nwritten) == expected[name], name
-        assert tuple(block) == (32, 1) and tuple(grid) == grids[name], (name, grid, block)
+        want = (128, 1) if name == "combine" else (32, 1)
+        assert tuple(block) == want and tuple(grid) == grids[name], (name, grid, block)
         assert _kernel_bench.floor_blocks(grid) == (int(np.prod(grid)),)
         kernel(grid, block, 0, args)  # raises where an argument is of the wrong kind
 
@@ -49,13 +50,15 @@ def test_exact_cost_twins_differ_only_in_their_part():
     from cupy_dcp.kernels import _slices, combine
     from cupy_dcp.kernels._arrays import kernel_array
 
-    saved = combine.combine_kernel, combine.slices_kernel, _slices.held_weights
+    saved = (combine.combine_kernel, combine.slices_kernel, _slices.held_weights,
+             combine.by_blocks)
     n, B, H, D = 2, 3, 4, 8
     launches, _ = exact_cost._launches(np, ("float32", n, B, H, D, 0.0))
     assert set(launches) == set(exact_cost.VARIANTS) | {"no_lse"}
     for kernel, grid, block, args in launches.values():
         kernel(grid, block, 0, args)
-    assert (combine.combine_kernel, combine.slices_kernel, _slices.held_weights) == saved
+    assert (combine.combine_kernel, combine.slices_kernel, _slices.held_weights,
+            combine.by_blocks) == saved
 
     rng = np.random.default_rng(5)
     xs = rng.standard_normal((n, B, H // n, D)).astype(np.float32)
@@ -69,9 +72,11 @@ def test_exact_cost_twins_differ_only_in_their_part():
             kernel, grid, block, args = combine.combine_launch(
                 np.dtype(np.float32), kernel_array(recv, np.uint32),
                 kernel_array(out, np.float32), None, True)
+        assert tuple(block) == (32, 1)  # the rows-split kernel, as the docstring says
         kernel(grid, block, 0, args)
         outs[variant] = out
     np.testing.assert_allclose(outs["exact"], expect, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(outs["fast"], expect, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(outs["bare"], 0.5 * xs.sum(axis=0), rtol=1e-6, atol=1e-6)
-    assert (combine.combine_kernel, combine.slices_kernel, _slices.held_weights) == saved
+    assert (combine.combine_kernel, combine.slices_kernel, _slices.held_weights,
+            combine.by_blocks) == saved

@@ -67,9 +67,10 @@ def test_kernels_whose_blocks_loop_over_tokens(dtype, d, monkeypatch):
     """A grid capped at a block per row of heads: each block walks every token (the
     pack two tokens a trip, an odd count leaving one alone), and every kernel still
     matches its reference."""
-    from cupy_dcp.kernels import _rows
+    from cupy_dcp.kernels import _rows, combine
 
     monkeypatch.setattr(_rows, "MAX_BLOCKS", 1)
+    monkeypatch.setattr(combine, "by_blocks", lambda *shape: False)  # a block a row never loops
     rng = np.random.default_rng(d)
     for b in (3, 4):
         check_pack(ident, host, dtype, 2, b, 4, d, rng)
@@ -396,6 +397,7 @@ def test_combine_for_its_n_is_the_combine_for_any_n_bit_for_bit(dtype, n, d, loa
     # every launch counts as few warps (the fewest)
     monkeypatch.setattr(combine, "MANY_WARPS", 0 if loads == "most" else 1 << 40)
     monkeypatch.setattr(combine, "FEW_WARPS", 1 << 40)
+    monkeypatch.setattr(combine, "by_blocks", lambda *shape: False)  # rows split over warps
     rng = np.random.default_rng(n)
     b, hn = 3, 2
     x = rng.standard_normal((b, n * hn, d)).astype(np.float32)
@@ -440,6 +442,7 @@ def test_combine_in_blocks_of_two_warps_gives_the_bits_of_blocks_of_four(dtype, 
     lse[0, 0], lse[2, :] = np.nan, -np.inf
     recv = np.stack([pack_reference(x.astype(dtype), lse + r, n)[0] for r in range(n)])
     monkeypatch.setattr(combine, "FEW_WARPS", 1 << 40)  # the fewest values a lane: slices
+    monkeypatch.setattr(combine, "by_blocks", lambda *shape: False)
     outs = []
     for spread_from, warps in ((1, combine.SPREAD_WARPS), (1 << 40, 4)):
         monkeypatch.setattr(combine, "SPREAD_FROM", spread_from)
@@ -454,13 +457,19 @@ def test_combine_in_blocks_of_two_warps_gives_the_bits_of_blocks_of_four(dtype, 
 
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if np.dtype(d).itemsize == 2], ids=str)
 @pytest.mark.parametrize("n", [2, 3, 9])
-def test_combine_in_word_pairs_gives_the_bits_of_the_combine_by_value(dtype, n):
+@pytest.mark.parametrize("blocks", [True, False], ids=["block_a_row", "rows_split"])
+def test_combine_in_word_pairs_gives_the_bits_of_the_combine_by_value(dtype, n, blocks,
+                                                                      monkeypatch):
     """16-bit outputs combine two values a word where the rows allow it: the same bits
     as value by value (an output that starts 2 bytes into its buffer), NaN, +-inf and
-    a token empty everywhere included."""
+    a token empty everywhere included; a block a row or rows split over warps (N = 9:
+    the combine for any N either way)."""
     from cupy_dcp.kernels import combine
     from cupy_dcp.kernels._arrays import kernel_array
     from cupy_dcp.reference import pack_reference
+
+    if not blocks:
+        monkeypatch.setattr(combine, "by_blocks", lambda *shape: False)
 
     rng = np.random.default_rng(40 + n)
     b, hn, d = 3, 2, 12
@@ -479,11 +488,67 @@ def test_combine_in_word_pairs_gives_the_bits_of_the_combine_by_value(dtype, n):
             dtype, kernel_array(recv, bits), kernel_array(out, value),
             kernel_array(np.zeros((b, hn), np.float32), np.float32), True)
         assert (args[0].dtype == np.uint32) == (offset == 0)
+        assert (block == (combine.BLOCK_THREADS, 1)) == (blocks and n <= 8)
         kernel(grid, block, 0, args)
         outs.append(out.view(bits).copy())
     np.testing.assert_array_equal(outs[0], outs[1])
     assert (outs[0].view(dtype)[1] == 0).all()  # the token empty everywhere
     assert np.isfinite(outs[0].view(dtype)[2, 1]).all()  # a row without NaN or inf
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+@pytest.mark.parametrize("d", [1, 10, 150, 300])
+def test_combine_a_block_a_row_gives_the_bits_of_the_sliced_combine(dtype, n, d,
+                                                                    monkeypatch):
+    """The combine with a block a row (``_blocks``) gives the bits of the one that splits
+    rows over warps (``_slices``), for rows of one value to several a thread (D = 300:
+    3 values a thread, or 2 words, the last partial), NaN, +-inf, a NaN LSE and a
+    token empty everywhere included, with and without the output LSE."""
+    from cupy_dcp.kernels import combine
+    from cupy_dcp.reference import pack_reference
+
+    rng = np.random.default_rng(60 + n + d)
+    b, hn = 3, 2
+    x = rng.standard_normal((b, n * hn, d)).astype(np.float32)
+    x[0, 0, d - 1], x[1, 1, 0], x[0, 1, d // 2] = np.nan, np.inf, -np.inf
+    lse = rng.uniform(-30, 30, (b, n * hn)).astype(np.float32)
+    lse[0, 0], lse[2, :] = np.nan, -np.inf
+    lse[1, 1] = np.inf  # +inf on every shard: as empty as -inf
+    recv = np.stack([pack_reference(x.astype(dtype), lse + r, n)[0] for r in range(n)])
+    outs = []
+    for blocks in (True, False):
+        monkeypatch.setattr(combine, "by_blocks", lambda *shape, on=blocks: on)
+        grid, block, args, got = _combine_bits(dtype, recv)
+        assert (block == (combine.BLOCK_THREADS, 1)) == blocks
+        if blocks:
+            assert grid == (hn, b, 1)
+            assert args[8] == b * hn * args[7]  # one rank's chunk, in the kernel's elements
+        outs.append(got)
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+    got_lse = outs[0][1].view(np.float32)
+    assert np.isneginf(got_lse[2]).all()  # the token empty everywhere
+    assert np.isneginf(got_lse[1, 1]) and np.isfinite(got_lse[1, 0])  # the +inf row: empty
+
+
+def test_combine_runs_a_block_a_row_only_where_it_fits():
+    """``by_blocks``: for N from 2 to 8, a row in one step of at most ``BLOCK_LOADS``
+    loads a thread, the tokens within a grid's y, and few rows or long ones."""
+    from cupy_dcp.kernels import combine
+
+    by_blocks = combine.by_blocks
+    assert combine.block_values(1) == 1 and combine.block_values(128) == 1
+    assert combine.block_values(129) == 2 and combine.block_values(512) == 4
+    assert by_blocks(256, 1, 64, 2)  # bf16 N = 2, 128 heads of 512 (in words), one token
+    assert by_blocks(256, 8, 512, 2)  # eight tokens: 512 rows
+    assert not by_blocks(256, 32, 2048, 2)  # many rows of 2 words a thread
+    assert by_blocks(512, 32, 2048, 2)  # many rows of 4 values a thread (fp32 D = 512)
+    assert by_blocks(512, 32, 512, 8)  # 8 shards of 4: 32 loads a thread
+    assert not by_blocks(1024, 1, 64, 8)  # 64 loads a thread
+    assert not by_blocks(256, 1, 64, 0)  # the combine for any N
+    assert not by_blocks(64, combine.MAX_GRID_Z + 1, 1 << 20, 2)  # tokens past a grid's y
+    assert not by_blocks(64, 4096, 16384, 2)  # 2048 tokens of D = 128: split over warps
 
 
 def test_every_agrs_kernel_a_launch_picks_is_one_the_plan_built():
@@ -525,14 +590,20 @@ def test_every_combine_a_launch_picks_is_one_the_plan_built():
     from cupy_dcp.kernels._arrays import kernel_array
     from cupy_dcp.layout import lse_pack_dim
 
+    from cupy_dcp.kernels._arrays import dummy_index
+
+    blocks = set()
     for dtype in DTYPES:
         bits = np.uint32 if np.dtype(dtype).itemsize == 4 else np.uint16
         for n in (2, 8, 9):
             for b, d in ((1, 512), (64, 512), (3, 72), (600, 72)):
                 built = {id(task()) for task in a2a_tasks(dtype, d, n)}
-                recv = np.zeros((n, b, 4, d + lse_pack_dim(dtype)), bits)
+                recv = np.zeros((n, b + 1, 4, d + lse_pack_dim(dtype)), bits)  # a trailer row
                 out = np.zeros((b, 4, d), dtype)
-                kernel, grid, _, _ = combine.combine_launch(
+                kernel, grid, block, _ = combine.combine_launch(  # as a plan calls it
                     dtype, kernel_array(recv, bits),
-                    kernel_array(out, combine.combine_codec(dtype)[1]), None, True)
+                    kernel_array(out, combine.combine_codec(dtype)[1]), None, True,
+                    (dummy_index(), dummy_index()))
                 assert id(kernel) in built, (dtype, n, b, d, grid)
+                blocks.add(block == (combine.BLOCK_THREADS, 1))
+    assert blocks == {True, False}  # a block a row, and rows split over warps

@@ -8,6 +8,7 @@ import pytest
 from cupy_dcp import lse_weighted_combine
 from cupy_dcp.kernels._arrays import dummy_index, kernel_array
 from cupy_dcp.kernels._format import as_dtype, lse_pack_dim
+from cupy_dcp.kernels import combine
 from cupy_dcp.kernels._trailer import (CALL, DTYPE_CODES, FIELDS, MAGIC, STATUS_WORDS, TOKENS,
                                        WORDS, trailer_rows)
 from cupy_dcp.kernels.combine import combine_codec, combine_launch, unpack_combine
@@ -73,9 +74,19 @@ def test_the_pack_signs_every_chunk(dtype, d):
     assert state.tolist() == [41, 41]  # the combine advances state[0]
 
 
-def combine_ranks(dtype, d, odd_sig=None, odd_state=None):
+@pytest.fixture(params=["block_a_row", "rows_split"])
+def combine_kernel(request, monkeypatch):
+    """The combine kernel that checks the trailer: a block a row (``_blocks``' signed
+    twin), or rows split over warps (``_slices``); the block's shape of each."""
+    blocks = request.param == "block_a_row"
+    monkeypatch.setattr(combine, "by_blocks", lambda *shape: blocks)
+    return (combine.BLOCK_THREADS, 1) if blocks else (32, 1)
+
+
+def combine_ranks(dtype, d, odd_sig=None, odd_state=None, block_shape=None):
     """Rank 1's combine of both ranks' signed chunks: ``(out, out_lse, status, state,
-    xs, lses)``; rank 1 packs with ``odd_sig`` / ``odd_state`` when given."""
+    xs, lses)``; rank 1 packs with ``odd_sig`` / ``odd_state`` when given; the
+    combine's block is ``block_shape`` where given."""
     me = 1
     xs, lses, chunks = [], [], []
     for rank in range(N):
@@ -97,15 +108,16 @@ def combine_ranks(dtype, d, odd_sig=None, odd_state=None):
         dtype, kernel_array(recv, bits), kernel_array(out, value),
         kernel_array(out_lse, np.float32), True,
         signed=(kernel_array(status, np.int64), kernel_array(state, np.int64)))
+    assert block_shape is None or tuple(block) == block_shape
     kernel(grid, block, 0, args)
     return out, out_lse, status, state, np.stack(xs), np.stack(lses)
 
 
 @pytest.mark.parametrize("d", [1, 8, 30])  # 30: rows that hold the whole trailer
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
-def test_the_combine_of_signed_chunks_is_exact(dtype, d):
+def test_the_combine_of_signed_chunks_is_exact(dtype, d, combine_kernel):
     dtype = as_dtype(dtype)
-    out, out_lse, status, state, xs, lses = combine_ranks(dtype, d)
+    out, out_lse, status, state, xs, lses = combine_ranks(dtype, d, block_shape=combine_kernel)
     assert not status.any() and state.tolist() == [8, 7]
     plain = np.stack([pack_reference(xs[r], lses[r], N)[1] for r in range(N)])
     want = np.zeros_like(out)
@@ -125,14 +137,14 @@ def test_the_combine_of_signed_chunks_is_exact(dtype, d):
     ("head_dim", lambda sig: sig.__setitem__(3, 9)),
     ("call_number", None),
 ])
-def test_the_combine_marks_the_word_that_differs(field, change):
+def test_the_combine_marks_the_word_that_differs(field, change, combine_kernel):
     dtype = as_dtype("float16")
     sig, state = signature(dtype, 8), None
     if change is None:
         state = np.array([8, 0], np.int64)  # rank 1 made one call more
     else:
         change(sig)
-    out, out_lse, status, state, xs, lses = combine_ranks(dtype, 8, sig, state)
+    out, out_lse, status, state, xs, lses = combine_ranks(dtype, 8, sig, state, combine_kernel)
     marks = status.reshape(N, WORDS, STATUS_WORDS)
     f = FIELDS.index(field)
     assert marks[:, :, 0].sum() == 1 and marks[1, f, 0] == 1, marks

@@ -1,0 +1,136 @@
+"""The combine for exactly N ranks as a block of threads per row, for rows that fit one step.
+
+At decode sizes the combine's time is a chain of dependent instructions, and
+every one before a row's first load counts. This kernel has the shortest such
+chain of the combines: a block of :data:`BLOCK_THREADS` threads per ``(token,
+head)`` row (grid ``(H/N, B)``: the head is ``blockIdx.x``, the token
+``blockIdx.y``), no loop over tokens or slices, and the received buffer's shape
+as scalar arguments (``heads``, ``width``, ``chunk``) beside flat views of it,
+so that no 4-d view's shape and strides are passed or read. Thread ``t`` owns
+the row's values ``t, t + 128, ...`` (``per`` of them); it loads every
+shard's values and LSE before it weighs any (``held_weights``, each weight
+computed once), skips a zero-weight shard (its NaN or inf never reaches the
+sum) and stores once; its thread 0 writes the global LSE. The same sums in the
+same order as ``_slices`` and the combine for any N, so the same bits.
+
+A plan's buffer carries a trailer (``_trailer``): the ``signed`` twin also
+takes the buffer's 4-d bits view and the plan's ``(status, state)``, and the
+blocks of the first token compare every peer's trailer with rank 0's, their
+threads loading the words before the row and comparing after it.
+"""
+
+import functools
+
+import numpy as np
+from numba import cuda
+
+from ._codecs import PAIRS, RAW, RAW_BITS, codec_functions
+from ._device import device_functions, held_weights, inline_device
+from ._slices import flat_lse_reader
+from ._trailer import WORDS, combine_checks
+
+__all__ = ["BLOCK_THREADS", "blocks_kernel"]
+
+BLOCK_THREADS = 128  # the threads of a row's block: four warps
+
+
+@functools.cache
+def _row_combiner(codec, shards, per):
+    """Device function ``combine_row(flat_vals, flat_bits, out, out_lse, write_lse, base_e,
+    heads, width, chunk)``: this block's row, combined (see the module docstring)."""
+    f = device_functions()
+    decode_lo, decode_hi, encode = codec_functions(codec)[2:]
+    raw, pairs = RAW[codec], codec in PAIRS
+    read_lse = flat_lse_reader(codec)
+    weigh = held_weights()
+    global_lse, zero = f["global_lse"], f["zero"]
+    u32, u64 = np.uint32, np.uint64
+    threads = u32(BLOCK_THREADS)
+    loaded, accumulators = shards * per, 2 * per
+
+    @inline_device
+    def combine_row(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
+                    chunk):
+        # Offsets within a row are uint32 (each uint32 result cast back, so that NVVM
+        # computes it in 32 bits); a row's start and a rank's chunk are 64-bit.
+        h = u32(cuda.blockIdx.x)
+        b = u32(cuda.blockIdx.y)
+        t = u32(cuda.threadIdx.x)
+        d_count = u32(out.shape[2])
+        row = u64(u32(u32(b * u32(heads)) + h)) * u64(width)  # the row in rank 0's chunk
+        buf = cuda.local.array(loaded, raw)
+        lses = cuda.local.array(shards, np.float32)
+        weights = cuda.local.array(shards, np.float32)
+        acc = cuda.local.array(accumulators, np.float32)
+        for r in range(shards):  # every shard's values and LSE load first
+            at = row + u64(r) * u64(chunk)
+            for k in range(per):
+                e = u32(t + u32(u32(k) * threads))
+                if e < d_count:
+                    buf[r * per + k] = flat_vals[at + u64(e)]
+        for r in range(shards):
+            lses[r] = read_lse(flat_vals, flat_bits, row + u64(r) * u64(chunk) + u64(width))
+        m, total = weigh(lses, weights, shards, base_e)
+        for k in range(accumulators):
+            acc[k] = zero
+        for r in range(shards):
+            w = weights[r]
+            if w != zero:  # an empty shard adds exactly 0, even NaN
+                for k in range(per):
+                    acc[k] += w * decode_lo(buf[r * per + k])
+                    if pairs:
+                        acc[per + k] += w * decode_hi(buf[r * per + k])
+        dst = out[b, h]
+        for k in range(per):
+            e = u32(t + u32(u32(k) * threads))
+            if e < d_count:
+                dst[e] = encode(acc[k], acc[per + k])
+        if write_lse and t == u32(0):  # after the stores: off their path
+            out_lse[b, h] = global_lse(total, m, base_e)
+
+    return combine_row
+
+
+@functools.cache
+def blocks_kernel(codec, shards, per, signed=False):
+    """The kernel ``combine(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads,
+    width, chunk)`` of codec ``codec`` for exactly ``shards`` ranks and rows of at most
+    ``per * BLOCK_THREADS`` values (words in pairs): flat (1-D, C) views of the received
+    buffer ``[N, B', H/N, width]`` as the codec's values and as bits, the output ``[B,
+    H/N, D]``, the output LSE ``[B, H/N]`` (written where ``write_lse``), the LSE base
+    flag, and ``H/N``, ``width`` and one rank's chunk ``B' * H/N * width`` in elements.
+    ``signed``: the kernel takes ``(bits, status, state)`` after them (the buffer's
+    4-d bits view and a plan's status and state, as ``combine.combine_launch``
+    documents) and checks the trailer. Launched on ``(H/N, B)`` blocks of
+    :data:`BLOCK_THREADS` threads."""
+    combine_row = _row_combiner(codec, shards, per)
+    if not signed:
+        @cuda.jit
+        def combine(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
+                    chunk):
+            combine_row(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
+                        chunk)
+
+        return combine
+
+    begin_checks, finish_checks = combine_checks(RAW_BITS[codec].itemsize == 2)
+    u64 = np.uint64
+    checked = u64((shards - 1) * WORDS)  # the trailer words a signed call compares
+
+    @cuda.jit
+    def signed_combine(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
+                       chunk, bits, status, state):
+        tokens = u64(out.shape[0])
+        # the first token's blocks check the trailer; the others skip even the set-up
+        first = cuda.blockIdx.y == 0 and u64(bits.shape[1]) > tokens
+        t = t_step = u64(0)
+        count = np.int64(0)
+        ours = theirs = np.uint32(0)
+        if first:
+            t, t_step, count, ours, theirs = begin_checks(bits, state, tokens, first, checked)
+        combine_row(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width, chunk)
+        if first:
+            finish_checks(bits, status, state, tokens, first, checked, t, t_step, count, ours,
+                          theirs)
+
+    return signed_combine
