@@ -2,12 +2,13 @@
 
 At decode sizes the combine's time is a chain of dependent instructions, and
 every one before a row's first load counts. This kernel has the shortest such
-chain of the combines: a block of :data:`BLOCK_THREADS` threads per ``(token,
-head)`` row (grid ``(H/N, B)``: the head is ``blockIdx.x``, the token
-``blockIdx.y``), no loop over tokens or slices, and the received buffer's shape
-as scalar arguments (``heads``, ``width``, ``chunk``) beside flat views of it,
-so that no 4-d view's shape and strides are passed or read. Thread ``t`` owns
-the row's values ``t, t + 128, ...`` (``per`` of them); it loads every
+chain of the combines: a block of ``threads`` threads (a multiple of 32, at most
+:data:`BLOCK_THREADS`) per ``(token, head)`` row (grid ``(H/N, B)``: the head is
+``blockIdx.x``, the token ``blockIdx.y``), no loop over tokens or slices, and
+the received buffer's shape as scalar arguments (``heads``, ``width``,
+``chunk``) beside flat views of it, so that no 4-d view's shape and strides are
+passed or read. Thread ``t`` owns the row's values ``t, t + threads, ...``
+(``per`` of them); it loads every
 shard's values and LSE before it weighs any (``held_weights``, each weight
 computed once), skips a zero-weight shard (its NaN or inf never reaches the
 sum) and stores once; its thread 0 writes the global LSE. The same sums in the
@@ -35,9 +36,10 @@ BLOCK_THREADS = 128  # the threads of a row's block: four warps
 
 
 @functools.cache
-def _row_combiner(codec, shards, per):
+def _row_combiner(codec, shards, per, threads):
     """Device function ``combine_row(flat_vals, flat_bits, out, out_lse, write_lse, base_e,
-    heads, width, chunk)``: this block's row, combined (see the module docstring)."""
+    heads, width, chunk)``: this block's row of ``threads`` threads, combined (see the
+    module docstring)."""
     f = device_functions()
     decode_lo, decode_hi, encode = codec_functions(codec)[2:]
     raw, pairs = RAW[codec], codec in PAIRS
@@ -45,7 +47,7 @@ def _row_combiner(codec, shards, per):
     weigh = held_weights()
     global_lse, zero = f["global_lse"], f["zero"]
     u32, u64 = np.uint32, np.uint64
-    threads = u32(BLOCK_THREADS)
+    threads = u32(threads)
     loaded, accumulators = shards * per, 2 * per
 
     @inline_device
@@ -92,18 +94,18 @@ def _row_combiner(codec, shards, per):
 
 
 @functools.cache
-def blocks_kernel(codec, shards, per, signed=False):
+def blocks_kernel(codec, shards, per, signed=False, threads=BLOCK_THREADS):
     """The kernel ``combine(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads,
     width, chunk)`` of codec ``codec`` for exactly ``shards`` ranks and rows of at most
-    ``per * BLOCK_THREADS`` values (words in pairs): flat (1-D, C) views of the received
+    ``per * threads`` values (words in pairs): flat (1-D, C) views of the received
     buffer ``[N, B', H/N, width]`` as the codec's values and as bits, the output ``[B,
     H/N, D]``, the output LSE ``[B, H/N]`` (written where ``write_lse``), the LSE base
     flag, and ``H/N``, ``width`` and one rank's chunk ``B' * H/N * width`` in elements.
     ``signed``: the kernel takes ``(bits, status, state)`` after them (the buffer's
     4-d bits view and a plan's status and state, as ``combine.combine_launch``
-    documents) and checks the trailer. Launched on ``(H/N, B)`` blocks of
-    :data:`BLOCK_THREADS` threads."""
-    combine_row = _row_combiner(codec, shards, per)
+    documents) and checks the trailer. Launched on ``(H/N, B)`` blocks of ``threads``
+    threads (a multiple of 32, at most :data:`BLOCK_THREADS`)."""
+    combine_row = _row_combiner(codec, shards, per, threads)
     if not signed:
         @cuda.jit
         def combine(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,

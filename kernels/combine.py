@@ -14,7 +14,7 @@ the LSE lanes).
 Three kernels, giving the same bits. For N from 2 to :data:`MAX_STATIC_SHARDS`,
 two built for their N (every loop over the shards unrolled, every shard's
 loads issued before any is weighed, a row's LSEs and weights held in
-registers): ``_blocks``, a block of 128 threads per row with no loop, where
+registers): ``_blocks``, a block of up to 128 threads per row with no loop, where
 :func:`by_blocks` allows (few rows, or rows long enough that each thread
 moves several values); else ``_slices``, each row split over the grid's y,
 each lane moving as many values as :func:`combine_unroll` gives (about
@@ -42,7 +42,7 @@ from ._trailer import WORDS, combine_checks
 
 __all__ = ["BLOCK_LOADS", "BLOCK_ROWS", "FEW_WARPS", "FULL_BLOCK", "LANE_LOADS", "MANY_WARPS",
            "MAX_STATIC_SHARDS", "SLICED_UNROLL", "SPREAD_FROM", "SPREAD_WARPS", "STREAM_UNROLL",
-           "block_values", "block_warps", "by_blocks", "capped",
+           "block_threads", "block_values", "block_warps", "by_blocks", "capped",
            "codec_functions", "combine_codec", "combine_kernel", "combine_launch",
            "combine_unroll", "combine_variants", "lane_weights", "row_accumulator",
            "static_shards", "unpack_combine"]
@@ -221,10 +221,10 @@ def combine_kernel(dtype, pairs=False, group=WARP, shards=0, unroll=UNROLL, bloc
     over its grid's y, takes flat views of the received buffer too, and is linked
     with at most :data:`MAX_REGISTERS` registers where :func:`capped`.
 
-    ``blocks``: the kernel for exactly ``shards`` ranks with a block a row
-    (``_blocks``; ``group`` unused, ``unroll`` the values a thread and shard,
-    :func:`block_values`), checking a plan's trailer where ``signed``; its
-    arguments are ``_blocks.blocks_kernel``'s."""
+    ``blocks``: the kernel for exactly ``shards`` ranks with a block of ``group``
+    threads a row (``_blocks``; ``unroll`` the values a thread and shard:
+    :func:`block_threads`, :func:`block_values`), checking a plan's trailer where
+    ``signed``; its arguments are ``_blocks.blocks_kernel``'s."""
     codec, value = combine_codec(dtype, pairs)
     bits = np.dtype(np.uint32 if value.itemsize == 4 else np.uint16)
     i64 = types.int64
@@ -235,7 +235,7 @@ def combine_kernel(dtype, pairs=False, group=WARP, shards=0, unroll=UNROLL, bloc
         if signed:
             argtypes += (array_type(bits, 4, True), array_type(np.int64, 1, True),
                          array_type(np.int64, 1, True))
-        return SpecializedKernel(blocks_kernel(codec, shards, unroll, signed), argtypes)
+        return SpecializedKernel(blocks_kernel(codec, shards, unroll, signed, group), argtypes)
     argtypes = (array_type(value, 4, True), array_type(bits, 4, True),
                 array_type(value, 3, False), array_type(np.float32, 2, False), i64, i64,
                 array_type(np.int64, 1, True), array_type(np.int64, 1, True))
@@ -315,10 +315,19 @@ def _combine_shape(elements, rows, shards):
     return group, unroll, slices
 
 
+def block_threads(elements):
+    """The threads of a block of the combine with a block a row, for rows of
+    ``elements`` values (words in pairs): the fewest warps that give each value a
+    thread, at most ``_blocks.BLOCK_THREADS`` (rows of 64 words run in blocks of 64
+    threads, not of 128 with half idle; the figures behind it:
+    ``benchmarks/NOTES.md``)."""
+    return min(BLOCK_THREADS, WARP * -(-int(elements) // WARP))
+
+
 def block_values(elements):
     """The values a thread and shard of the combine with a block a row moves, for rows
     of ``elements`` values (words in pairs)."""
-    return -(-int(elements) // BLOCK_THREADS)
+    return -(-int(elements) // block_threads(elements))
 
 
 def by_blocks(elements, tokens, rows, shards):
@@ -343,7 +352,8 @@ def combine_variants(elements, shards, signed=False):
         return [(_combine_shape(elements, 1, 0)[0], 0, UNROLL)]
     found = [(_slicing(elements, unroll)[0], shards, unroll) for unroll in _unrolls(shards)]
     if by_blocks(elements, 1, 1, shards):
-        found.append((WARP, shards, block_values(elements), True, bool(signed)))
+        found.append((block_threads(elements), shards, block_values(elements), True,
+                      bool(signed)))
     return found
 
 
@@ -384,8 +394,8 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None
     host-mapped memory in a plan); it sets ``state[0]`` to ``state[1] + 1``.
 
     For N from 2 to :data:`MAX_STATIC_SHARDS`, a combine that :func:`by_blocks`
-    allows runs a block of ``_blocks.BLOCK_THREADS`` threads a row, on grid
-    ``(H/N, B, 1)``; the others run on ``_rows.tile_grid``.
+    allows runs a block of :func:`block_threads` threads a row, on grid ``(H/N, B,
+    1)``; the others run on ``_rows.tile_grid``.
     """
     codec, value = combine_codec(dtype)
     recv_bits.require_c_contiguous("recv")
@@ -403,13 +413,14 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None
     rows = out.shape[0] * out.shape[1]
     if by_blocks(out.shape[2], out.shape[0], rows, shards):
         _, chunk_tokens, heads, width = recv_vals.shape
-        kernel = combine_kernel(dtype, codec in PAIRS, WARP, shards, block_values(out.shape[2]),
-                                True, signed is not None)
+        threads = block_threads(out.shape[2])
+        kernel = combine_kernel(dtype, codec in PAIRS, threads, shards,
+                                block_values(out.shape[2]), True, signed is not None)
         args = (recv_vals.flat(), recv_bits.flat(), out, out_lse, int(write_lse),
                 int(bool(is_lse_base_on_e)), heads, width, chunk_tokens * heads * width)
         if signed is not None:
             args += (recv_bits, status, state)
-        return kernel, (out.shape[1], out.shape[0], 1), (BLOCK_THREADS, 1), args
+        return kernel, (out.shape[1], out.shape[0], 1), (threads, 1), args
     group, unroll, slices = _combine_shape(out.shape[2], rows, shards)
     warps = block_warps(_warps(out.shape[2], rows, unroll)) if slices else None
     grid, block = tile_grid(out.shape[1], out.shape[0], group, slices, warps)

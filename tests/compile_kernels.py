@@ -117,10 +117,16 @@ def kernels():
             for signed in (False, True):
                 suffix = f"N={shards} block a row, {per} a thread{' signed' if signed else ''}"
                 add(f"combine {dtype} {suffix}",
-                    combine.combine_kernel(dtype, False, 32, shards, per, True, signed))
+                    combine.combine_kernel(dtype, False, 128, shards, per, True, signed))
                 if dtype.itemsize == 2:
                     add(f"combine {dtype} pairs {suffix}",
-                        combine.combine_kernel(dtype, True, 32, shards, per, True, signed))
+                        combine.combine_kernel(dtype, True, 128, shards, per, True, signed))
+        # rows of 64 values (words in pairs): a block of two warps, one value a thread
+        add(f"combine {dtype} N=8 block a row of 64 threads signed",
+            combine.combine_kernel(dtype, False, 64, 8, 1, True, True))
+        if dtype.itemsize == 2:
+            add(f"combine {dtype} pairs N=8 block a row of 64 threads signed",
+                combine.combine_kernel(dtype, True, 64, 8, 1, True, True))
     add("agrs mask", agrs.mask_kernel(32))
     for n in (2, 3):
         add(f"bare push N={n}", bare_push.bare_push_kernel(n))

@@ -83,7 +83,7 @@ def test_a2a_variants():
     sliced = [c for c in a2a_tasks(BF16, 512, 2)[2:] if len(c.args) == 5]
     assert sorted(c.args[4] for c in sliced) == [2, 4, 8]
     blocks = [c.args[2:] for c in a2a_tasks(BF16, 512, 2)[2:] if len(c.args) > 5]
-    assert blocks == [(32, 2, 2, True, True)]  # 256 words: 2 a thread; signed, as plans call
+    assert blocks == [(128, 2, 2, True, True)]  # 256 words: 2 a thread; signed, as plans call
     assert len(a2a_tasks(BF16, 512, 9)) == 3  # past 8: the combine for any N
     masked, unmasked, *combines = a2a_tasks(BF16, 512, 2)  # functools.partial: their arguments
     assert masked.args[3] and not unmasked.args[3]

@@ -69,7 +69,8 @@ def test_combine_matches_reference(dtype, d, base_e, loads, monkeypatch):
 # Issue cells whose combine takes a decode-size shape. Rows split over warps (the
 # block a row turned off): blocks of two warps (N = 4 and 8 at B = 1), the float32
 # kernel capped at 64 registers (N = 2, B = 32), both (B = 1). A block a row (warps 0,
-# as the library picks): few rows of words, 4 float32 values a thread, short rows.
+# as the library picks): few rows of words, 4 float32 values a thread, short rows (64
+# words: a block of two warps).
 DECODE_CELLS = [("bfloat16", 4, 1, 128, 512, 2), ("bfloat16", 8, 1, 128, 512, 2),
                 ("float32", 2, 32, 128, 512, 4), ("float32", 2, 1, 128, 512, 2),
                 ("bfloat16", 2, 1, 128, 512, 0), ("float32", 8, 32, 128, 512, 0),
@@ -96,10 +97,10 @@ def test_combine_at_decode_shapes_matches_reference(cell, monkeypatch):
     bits = bits_dtype(dtype)
     recv = cupy.zeros((n, b, h // n, d + lse_pack_dim(dtype)), dtype=bits)
     out = cupy.zeros((b, h // n, d), dtype=dtype)
-    kernel, _, block, _ = combine.combine_launch(
+    kernel, _, block, args = combine.combine_launch(
         dtype, kernel_array(recv, bits), kernel_array(out, combine.combine_codec(dtype)[1]),
         None, True)
-    assert block == ((32, warps) if warps else (combine.BLOCK_THREADS, 1))
+    assert block == ((32, warps) if warps else (combine.block_threads(args[2].shape[2]), 1))
     module = cupy.cuda.function.Module()
     module.load(kernel._image)
     function = module.get_function(kernel._entry)

@@ -29,13 +29,12 @@ def test_every_kernel_of_a_case_launches(dtype):
     }
     # the tile grid: H/N = 2 rows a token along x (one warp holds both: 4 lanes a row), the
     # ranks along y for the pack and the correction (one slice of a row for the others),
-    # the B tokens along z; the combine runs a block of 128 threads a row: (H/N, B)
+    # the B tokens along z; the combine runs a block a row (one warp: D = 8): (H/N, B)
     grids = {"pack": (1, n, B), "pack_masked": (1, n, B), "combine": (H // n, B, 1),
              "agrs_correct": (1, n, B), "agrs_finish": (1, 1, B)}
     for name, (kernel, grid, block, args), nread, nwritten in launches:
         assert (nread, nwritten) == expected[name], name
-        want = (128, 1) if name == "combine" else (32, 1)
-        assert tuple(block) == want and tuple(grid) == grids[name], (name, grid, block)
+        assert tuple(block) == (32, 1) and tuple(grid) == grids[name], (name, grid, block)
         assert _kernel_bench.floor_blocks(grid) == (int(np.prod(grid)),)
         kernel(grid, block, 0, args)  # raises where an argument is of the wrong kind
 
@@ -72,7 +71,7 @@ def test_exact_cost_twins_differ_only_in_their_part():
             kernel, grid, block, args = combine.combine_launch(
                 np.dtype(np.float32), kernel_array(recv, np.uint32),
                 kernel_array(out, np.float32), None, True)
-        assert tuple(block) == (32, 1)  # the rows-split kernel, as the docstring says
+        assert tuple(grid) == (1, 1, B)  # the rows-split kernel, as the docstring says
         kernel(grid, block, 0, args)
         outs[variant] = out
     np.testing.assert_allclose(outs["exact"], expect, rtol=1e-5, atol=1e-6)

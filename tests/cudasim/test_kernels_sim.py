@@ -488,7 +488,7 @@ def test_combine_in_word_pairs_gives_the_bits_of_the_combine_by_value(dtype, n, 
             dtype, kernel_array(recv, bits), kernel_array(out, value),
             kernel_array(np.zeros((b, hn), np.float32), np.float32), True)
         assert (args[0].dtype == np.uint32) == (offset == 0)
-        assert (block == (combine.BLOCK_THREADS, 1)) == (blocks and n <= 8)
+        assert (grid == (hn, b, 1)) == (blocks and n <= 8)  # a block a row: (H/N, B)
         kernel(grid, block, 0, args)
         outs.append(out.view(bits).copy())
     np.testing.assert_array_equal(outs[0], outs[1])
@@ -520,9 +520,10 @@ def test_combine_a_block_a_row_gives_the_bits_of_the_sliced_combine(dtype, n, d,
     for blocks in (True, False):
         monkeypatch.setattr(combine, "by_blocks", lambda *shape, on=blocks: on)
         grid, block, args, got = _combine_bits(dtype, recv)
-        assert (block == (combine.BLOCK_THREADS, 1)) == blocks
-        if blocks:
-            assert grid == (hn, b, 1)
+        assert (grid == (hn, b, 1)) == blocks
+        if blocks:  # the fewest warps that give each value (or word) of a row a thread
+            elements = args[2].shape[2]
+            assert block == (min(128, 32 * -(-elements // 32)), 1)
             assert args[8] == b * hn * args[7]  # one rank's chunk, in the kernel's elements
         outs.append(got)
     np.testing.assert_array_equal(outs[0][0], outs[1][0])
@@ -534,12 +535,16 @@ def test_combine_a_block_a_row_gives_the_bits_of_the_sliced_combine(dtype, n, d,
 
 def test_combine_runs_a_block_a_row_only_where_it_fits():
     """``by_blocks``: for N from 2 to 8, a row in one step of at most ``BLOCK_LOADS``
-    loads a thread, the tokens within a grid's y, and few rows or long ones."""
+    loads a thread, the tokens within a grid's y, and few rows or long ones; the
+    block's threads and each thread's values."""
     from cupy_dcp.kernels import combine
 
     by_blocks = combine.by_blocks
     assert combine.block_values(1) == 1 and combine.block_values(128) == 1
     assert combine.block_values(129) == 2 and combine.block_values(512) == 4
+    # a block of the fewest warps that cover the row, at most four
+    assert [combine.block_threads(e) for e in (1, 32, 33, 64, 75, 128, 129, 512)] == \
+        [32, 32, 64, 64, 96, 128, 128, 128]
     assert by_blocks(256, 1, 64, 2)  # bf16 N = 2, 128 heads of 512 (in words), one token
     assert by_blocks(256, 8, 512, 2)  # eight tokens: 512 rows
     assert not by_blocks(256, 32, 2048, 2)  # many rows of 2 words a thread
@@ -605,5 +610,5 @@ def test_every_combine_a_launch_picks_is_one_the_plan_built():
                     kernel_array(out, combine.combine_codec(dtype)[1]), None, True,
                     (dummy_index(), dummy_index()))
                 assert id(kernel) in built, (dtype, n, b, d, grid)
-                blocks.add(block == (combine.BLOCK_THREADS, 1))
+                blocks.add(grid == (4, b, 1))  # a block a row: (H/N, B)
     assert blocks == {True, False}  # a block a row, and rows split over warps

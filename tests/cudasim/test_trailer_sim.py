@@ -77,16 +77,16 @@ def test_the_pack_signs_every_chunk(dtype, d):
 @pytest.fixture(params=["block_a_row", "rows_split"])
 def combine_kernel(request, monkeypatch):
     """The combine kernel that checks the trailer: a block a row (``_blocks``' signed
-    twin), or rows split over warps (``_slices``); the block's shape of each."""
+    twin), or rows split over warps (``_slices``); whether it is a block a row."""
     blocks = request.param == "block_a_row"
     monkeypatch.setattr(combine, "by_blocks", lambda *shape: blocks)
-    return (combine.BLOCK_THREADS, 1) if blocks else (32, 1)
+    return blocks
 
 
-def combine_ranks(dtype, d, odd_sig=None, odd_state=None, block_shape=None):
+def combine_ranks(dtype, d, odd_sig=None, odd_state=None, blocks=None):
     """Rank 1's combine of both ranks' signed chunks: ``(out, out_lse, status, state,
     xs, lses)``; rank 1 packs with ``odd_sig`` / ``odd_state`` when given; the
-    combine's block is ``block_shape`` where given."""
+    combine runs a block a row or not as ``blocks`` says, where given."""
     me = 1
     xs, lses, chunks = [], [], []
     for rank in range(N):
@@ -108,7 +108,7 @@ def combine_ranks(dtype, d, odd_sig=None, odd_state=None, block_shape=None):
         dtype, kernel_array(recv, bits), kernel_array(out, value),
         kernel_array(out_lse, np.float32), True,
         signed=(kernel_array(status, np.int64), kernel_array(state, np.int64)))
-    assert block_shape is None or tuple(block) == block_shape
+    assert blocks is None or (tuple(grid) == (HN, B, 1)) == blocks  # a block a row: (H/N, B)
     kernel(grid, block, 0, args)
     return out, out_lse, status, state, np.stack(xs), np.stack(lses)
 
@@ -117,7 +117,7 @@ def combine_ranks(dtype, d, odd_sig=None, odd_state=None, block_shape=None):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_the_combine_of_signed_chunks_is_exact(dtype, d, combine_kernel):
     dtype = as_dtype(dtype)
-    out, out_lse, status, state, xs, lses = combine_ranks(dtype, d, block_shape=combine_kernel)
+    out, out_lse, status, state, xs, lses = combine_ranks(dtype, d, blocks=combine_kernel)
     assert not status.any() and state.tolist() == [8, 7]
     plain = np.stack([pack_reference(xs[r], lses[r], N)[1] for r in range(N)])
     want = np.zeros_like(out)
