@@ -25,9 +25,9 @@ import functools
 import numpy as np
 from numba import cuda
 
-from ._codecs import PAIRS, RAW, RAW_BITS, codec_functions
+from ._codecs import RAW, RAW_BITS, codec_functions
 from ._device import device_functions, held_weights, inline_device
-from ._slices import flat_lse_reader
+from ._slices import flat_lse_reader, shard_sums
 from ._trailer import WORDS, combine_checks
 
 __all__ = ["BLOCK_THREADS", "blocks_kernel"]
@@ -40,12 +40,11 @@ def _row_combiner(codec, shards, per, threads):
     """Device function ``combine_row(flat_vals, flat_bits, out, out_lse, write_lse, base_e,
     heads, width, chunk)``: this block's row of ``threads`` threads, combined (see the
     module docstring)."""
-    f = device_functions()
-    decode_lo, decode_hi, encode = codec_functions(codec)[2:]
-    raw, pairs = RAW[codec], codec in PAIRS
+    encode = codec_functions(codec)[4]
+    raw = RAW[codec]
     read_lse = flat_lse_reader(codec)
-    weigh = held_weights()
-    global_lse, zero = f["global_lse"], f["zero"]
+    sum_shards = shard_sums(codec, shards, per, held_weights())
+    global_lse = device_functions()["global_lse"]
     u32, u64 = np.uint32, np.uint64
     threads = u32(threads)
     loaded, accumulators = shards * per, 2 * per
@@ -72,16 +71,7 @@ def _row_combiner(codec, shards, per, threads):
                     buf[r * per + k] = flat_vals[at + u64(e)]
         for r in range(shards):
             lses[r] = read_lse(flat_vals, flat_bits, row + u64(r) * u64(chunk) + u64(width))
-        m, total = weigh(lses, weights, shards, base_e)
-        for k in range(accumulators):
-            acc[k] = zero
-        for r in range(shards):
-            w = weights[r]
-            if w != zero:  # an empty shard adds exactly 0, even NaN
-                for k in range(per):
-                    acc[k] += w * decode_lo(buf[r * per + k])
-                    if pairs:
-                        acc[per + k] += w * decode_hi(buf[r * per + k])
+        m, total = sum_shards(buf, lses, weights, acc, base_e)
         dst = out[b, h]
         for k in range(per):
             e = u32(t + u32(u32(k) * threads))

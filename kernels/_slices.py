@@ -22,12 +22,12 @@ import numpy as np
 from numba import config, cuda
 
 from ._codecs import PAIRS, RAW, RAW_BITS, codec_functions
-from ._device import device_functions, held_weights
+from ._device import device_functions, held_weights, inline_device
 from ._format import LSE_HALF_BITS, LSE_HALF_MASK
 from ._rows import WARP
 from ._trailer import WORDS, combine_checks
 
-__all__ = ["flat_lse_reader", "slices_kernel"]
+__all__ = ["flat_lse_reader", "shard_sums", "slices_kernel"]
 
 
 @functools.cache
@@ -59,6 +59,34 @@ def flat_lse_reader(codec):
     return read_lse
 
 
+def shard_sums(codec, shards, per, weigh):
+    """Device function ``sum_shards(buf, lses, weights, acc, base_e) -> (m, total)``, inlined:
+    the weights of a row's held LSEs (``weigh``: ``held_weights`` or a twin of it),
+    then the float32 sums of its ``shards`` shards' ``per`` held values each
+    (``buf[r * per + k]``) into ``acc`` (``2 * per``: low and high value of each word
+    in pairs), shard by shard in order; a zero-weight shard adds nothing, even NaN.
+    The combines for exactly N share it, so that they give the same bits."""
+    decode_lo, decode_hi = codec_functions(codec)[2:4]
+    pairs, zero = codec in PAIRS, device_functions()["zero"]
+    accumulators = 2 * per
+
+    @inline_device
+    def sum_shards(buf, lses, weights, acc, base_e):
+        m, total = weigh(lses, weights, shards, base_e)
+        for k in range(accumulators):
+            acc[k] = zero
+        for r in range(shards):
+            w = weights[r]
+            if w != zero:  # an empty shard adds exactly 0, even NaN
+                for k in range(per):
+                    acc[k] += w * decode_lo(buf[r * per + k])
+                    if pairs:
+                        acc[per + k] += w * decode_hi(buf[r * per + k])
+        return m, total
+
+    return sum_shards
+
+
 @functools.cache
 def slices_kernel(codec, shards, group, unroll, max_registers=0):
     """The kernel ``combine(vals, bits, out, out_lse, write_lse, base_e, status, state,
@@ -70,11 +98,11 @@ def slices_kernel(codec, shards, group, unroll, max_registers=0):
     linker's cap on a thread's registers (0: none; the PTX is the same either way,
     and the simulator takes no cap)."""
     f = device_functions()
-    decode_lo, decode_hi, encode = codec_functions(codec)[2:]
-    raw, pairs, half = RAW[codec], codec in PAIRS, RAW_BITS[codec].itemsize == 2
+    encode = codec_functions(codec)[4]
+    raw, half = RAW[codec], RAW_BITS[codec].itemsize == 2
     read_lse = flat_lse_reader(codec)
-    weigh = held_weights()
-    global_lse, zero = f["global_lse"], f["zero"]
+    sum_shards = shard_sums(codec, shards, unroll, held_weights())
+    global_lse = f["global_lse"]
     begin_checks, finish_checks = combine_checks(half)
 
     u32, u64 = np.uint32, np.uint64
@@ -126,16 +154,7 @@ def slices_kernel(codec, shards, group, unroll, max_registers=0):
             for r in range(shards):
                 lses[r] = read_lse(flat_vals, flat_bits, row + u64(r) * chunk + u64(width))
             dst = out[b, h]
-            m, total = weigh(lses, weights, shards, base_e)
-            for k in range(accumulators):
-                acc[k] = zero
-            for r in range(shards):
-                w = weights[r]
-                if w != zero:  # an empty shard adds exactly 0, even NaN
-                    for k in range(unroll):
-                        acc[k] += w * decode_lo(buf[r * unroll + k])
-                        if pairs:
-                            acc[unroll + k] += w * decode_hi(buf[r * unroll + k])
+            m, total = sum_shards(buf, lses, weights, acc, base_e)
             for k in range(unroll):
                 d = u32(start + u32(k * group))
                 if d < d_count:
