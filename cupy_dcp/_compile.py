@@ -45,9 +45,12 @@ def a2a_tasks(dtype, head_dim, world_size=0):
         return [functools.partial(combine_kernel, dtype, pairs, *variant)
                 for variant in combine_variants(elements, shards, True)]
 
-    def pack(bits, elements):  # with a mask and without one
-        return [functools.partial(pack_kernel, np.dtype(bits), lanes_per_row(elements),
-                                  wide_rows(elements), masked) for masked in (True, False)]
+    def pack(bits, elements):  # with a mask and without one; wide rows of words as
+        # aligned quads (a plan's buffers are aligned, and so is any CuPy allocation)
+        wide = wide_rows(elements)
+        return [functools.partial(pack_kernel, np.dtype(bits), lanes_per_row(elements), wide,
+                                  masked, wide and np.dtype(bits).itemsize == 4)
+                for masked in (True, False)]
 
     if bits.itemsize == 2 and D % 2 == 0:  # words, and bfloat16 and float16 in pairs
         return pack(np.uint32, D // 2) + combines(True, D // 2)

@@ -9,7 +9,8 @@
 A warp then moves 512 bytes per instruction instead of 128: the same bytes in
 flight with a quarter of the instructions, and whole 16-byte stores where they
 cross NVLink. The caller checks the alignment (a misaligned access faults).
-Under the CUDA simulator they are four plain element accesses.
+Under the CUDA simulator they are plain element accesses that raise where the
+address is misaligned, as the GPU would fault.
 """
 
 import functools
@@ -31,16 +32,26 @@ def vector_functions():
 def _simulated():
     jit = cuda.jit(device=True)
 
+    def aligned(words, i, size):
+        """Raise where the GPU would fault: ``&words[i]`` off a ``size``-byte boundary."""
+        address = words.ctypes.data + int(i) * words.strides[0]
+        if address % size:
+            raise ValueError(f"a {size}-byte access at an address {address % size} bytes "
+                             f"past a {size}-byte boundary")
+
     @jit
     def load_quad(words, i):
+        aligned(words, i, 16)
         return words[i], words[i + 1], words[i + 2], words[i + 3]
 
     @jit
     def load_duo(words, i):
+        aligned(words, i, 8)
         return words[i], words[i + 1]
 
     @jit
     def store_quad(words, i, a, b, c, d):
+        aligned(words, i, 16)
         words[i] = a
         words[i + 1] = b
         words[i + 2] = c

@@ -12,7 +12,8 @@ base address and constant offsets, where a strided read computes an address
 per element (a masked kernel's trips of two rows read through the strides:
 with both rows' mask words held, flat reads would spill).
 :func:`packed_row_steps` holds the row steps that the direct path's tiles
-kernel shares.
+kernel shares. Rows of words of more than one step go as aligned 16-byte quads
+where the arrays allow (:func:`quad_rows`, ``_quad_rows``).
 """
 
 import functools
@@ -27,12 +28,13 @@ from ._device import device_functions
 from ._format import LSE_HALF_BITS, LSE_HALF_MASK
 from ._launch import SpecializedKernel, array_type
 from ._math import NEG_INF_BITS
+from ._quad_rows import quad_row_packer
 from ._rows import MAX_REGISTERS, UNROLL, WARP, lanes_per_row, tile_grid
 from ._specs import check_pack_args
 from ._trailer import CALL, TOKENS, WORDS, trailer_functions
 from ._vector import QUAD, vector_functions
 
-__all__ = ["MAX_REGISTERS", "pack_kernel", "pack_launch", "pack_send", "wide_rows"]
+__all__ = ["MAX_REGISTERS", "pack_kernel", "pack_launch", "pack_send", "quad_rows", "wide_rows"]
 
 
 @functools.cache
@@ -190,7 +192,7 @@ def packed_row_steps(group=WARP, quads=False):
 
 
 @functools.cache
-def _pack_kernel(group=WARP, half=False, wide=False, masked=True):
+def _pack_kernel(group=WARP, half=False, wide=False, masked=True, quads=False):
     row_lse_fetch, row_lse_of = lse_bits_steps()
     if masked:
         row_lse_bits = lse_bits_reader()
@@ -198,6 +200,10 @@ def _pack_kernel(group=WARP, half=False, wide=False, masked=True):
         @cuda.jit(device=True)
         def row_lse_bits(lse_bits, b, head, seq_lens, query_start_loc, num_seqs):
             return np.uint32(lse_bits[b, head])
+
+        @cuda.jit(device=True)
+        def row_lse_as_fetched(fetched, b, seq_lens, query_start_loc, num_seqs):
+            return fetched
     put_word, _, flat_thread, _ = trailer_functions(half)
     lse_mask, lse_shift = np.uint32(LSE_HALF_MASK), np.uint32(LSE_HALF_BITS)
 
@@ -348,6 +354,12 @@ def _pack_kernel(group=WARP, half=False, wide=False, masked=True):
                         put_lse(dst, at, bits_two, d_count, width)
                 b = u32(second + z)
 
+    rows = pack_rows
+    if quads:  # the same rows, stored as aligned quads (``_quad_rows``)
+        rows = quad_row_packer(group, 4 if wide else 2,
+                               *((row_lse_fetch, row_lse_of) if masked else
+                                 (row_lse_bits, row_lse_as_fetched)))
+
     # At most 64 registers (the linker's cap; the PTX is the same): 8 blocks of 128
     # threads fit an SM instead of 6, so that 1024 blocks (B = 32 at H = 128) run in
     # one wave. The simulator takes no such option.
@@ -395,9 +407,9 @@ def _pack_kernel(group=WARP, half=False, wide=False, masked=True):
             args = (r, h, u32(cuda.blockIdx.z), b_count, u32(send.shape[1]), hn,
                     u32(send.shape[3]), u32(data.shape[2]), lane, buf)
             if own:
-                pack_rows(*inputs, recv_flat, *args)
+                rows(*inputs, recv_flat, *args)
             else:
-                pack_rows(*inputs, send_flat, *args)
+                rows(*inputs, send_flat, *args)
         if t < words:
             if t == u64(0):
                 state[1] = count
@@ -422,16 +434,20 @@ def _pack_kernel(group=WARP, half=False, wide=False, masked=True):
 
 
 @functools.cache
-def pack_kernel(bits, group=WARP, wide=False, masked=True):
+def pack_kernel(bits, group=WARP, wide=False, masked=True, quads=False):
     """The pack kernel specialised for element bits ``bits`` (uint16 or uint32),
     ``group`` lanes per row and rows of more than one step (``wide``: each lane
     loads two steps, then stores them, so that a row costs one memory round trip
     for every two steps; :func:`pack_launch` picks it for ``D > group * UNROLL``:
     float32 at D = 512, 16-bit words at D = 576), with a mask or without one
     (``masked``: a kernel without reads no ``seq_lens`` and holds no mask's
-    registers; :func:`pack_launch` picks it for ``num_seqs < 0``). Its arguments
+    registers; :func:`pack_launch` picks it for ``num_seqs < 0``), and with its
+    rows stored as aligned 16-byte quads (``quads``, uint32 only: ``_quad_rows``;
+    :func:`pack_launch` picks it where :func:`quad_rows` allows). Its arguments
     are :func:`pack_launch`'s, then flat (1-D) views of ``send`` and ``recv``, then
     ``data.span()`` (the rows are read through it where it is not empty)."""
+    if quads and np.dtype(bits).itemsize != 4:
+        raise ValueError(f"the quads pack moves uint32 words (got {np.dtype(bits)})")
     i64 = types.int64
     argtypes = (array_type(bits, 3, False), array_type(np.uint32, 2, False),
                 array_type(np.int64, 1, True), array_type(np.int64, 1, True), i64,
@@ -439,7 +455,21 @@ def pack_kernel(bits, group=WARP, wide=False, masked=True):
                 array_type(np.int64, 1, True), array_type(np.int64, 1, True),
                 array_type(bits, 1, True), array_type(bits, 1, True), array_type(bits, 1, True))
     return SpecializedKernel(_pack_kernel(group, np.dtype(bits).itemsize == 2, bool(wide),
-                                          bool(masked)), argtypes)
+                                          bool(masked), bool(quads)), argtypes)
+
+
+def quad_rows(data, send, recv):
+    """Whether a pack of ``data`` into ``send`` and ``recv`` (:class:`DeviceArray`, as
+    :func:`pack_launch` moves them) stores its rows as aligned 16-byte quads
+    (``_quad_rows``): rows of uint32 words of more than one step (:func:`wide_rows`:
+    float32 at D = 512, 16-bit values at D = 576), unit-stride (:meth:`DeviceArray.span`
+    not empty), the input and both buffers 16-byte aligned (as every CuPy allocation
+    and a plan's buffers are). Otherwise the pack stores a word at a time: for rows
+    of one step the quads' longer address and alignment arithmetic costs more than
+    the stores it saves (``benchmarks/NOTES.md``)."""
+    return data.dtype.itemsize == 4 and wide_rows(data.shape[2]) and \
+        data.span().shape[0] > 0 and data.ptr % 16 == 0 and send.ptr % 16 == 0 and \
+        recv.ptr % 16 == 0
 
 
 def wide_rows(elements):
@@ -518,7 +548,8 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
     signature, state = (dummy_index(), dummy_index()) if signed is None else signed
     group = lanes_per_row(data.shape[2])
     grid, block = tile_grid(send.shape[2], data.shape[0], group, send.shape[0])
-    kernel = pack_kernel(data.dtype, group, wide_rows(data.shape[2]), int(num_seqs) >= 0)
+    kernel = pack_kernel(data.dtype, group, wide_rows(data.shape[2]), int(num_seqs) >= 0,
+                         quad_rows(data, send, recv))
     return kernel, grid, block, (
         data, lse_bits, seq_lens, query_start_loc, int(num_seqs), send, recv, int(self_rank),
         signature, state, send.flat(), recv.flat(), data.span())

@@ -89,6 +89,9 @@ def kernels():
         for group, wide in ((8, False), (32, False), (32, True)):  # with no mask
             add(f"pack {np.dtype(bits)} group {group}{' wide' if wide else ''} unmasked",
                 pack.pack_kernel(np.dtype(bits), group, wide, False))
+    for masked in (True, False):  # wide rows of words, stored as aligned quads
+        add(f"pack uint32 group 32 wide{'' if masked else ' unmasked'} quads",
+            pack.pack_kernel(np.dtype(np.uint32), 32, True, masked, True))
     for dtype in dtypes:
         for group in (8, 32):
             add(f"combine {dtype} group {group}", combine.combine_kernel(dtype, False, group))

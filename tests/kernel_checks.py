@@ -97,6 +97,63 @@ def check_pack(to_device, to_host, dtype, n, b, h, d, rng, strided=False, lse_dt
     np.testing.assert_array_equal(got.view(bits), expect.view(bits))
 
 
+def at_word(to_device, shape, dtype, words):
+    """A zeroed device array of ``shape`` and ``dtype`` that starts ``words`` 4-byte words
+    past a 16-byte boundary."""
+    from cupy_dcp.kernels._arrays import kernel_array
+
+    size, item = int(np.prod(shape)), np.dtype(dtype).itemsize
+    storage = to_device(np.zeros(size + 16, dtype))
+    skip = (-kernel_array(storage, bits_of(dtype)).ptr) % 16
+    start = (skip + 4 * words) // item
+    return storage[start:start + size].reshape(shape)
+
+
+def bits_of(dtype):
+    return np.uint16 if np.dtype(dtype).itemsize == 2 else np.uint32
+
+
+def check_pack_quads(to_device, to_host, dtype, n, b, h, d, rng):
+    """The pack stores rows of words (float32 values, pairs of 16-bit ones) of more
+    than one step as aligned 16-byte quads where the input and the send buffer both
+    start 16-byte aligned (``pack.quad_rows``), and a word at a time where either
+    starts 4 to 12 bytes past or the rows are shorter; 16-bit data of an odd ``d``
+    goes value by value. Bit-exact every way, with a mask and without: over ``b * h``
+    rows of ``d`` + 1 words, each lead (the words before a row's first 16-byte
+    boundary) from 0 to 3 comes up."""
+    from cupy_dcp.kernels import pack
+
+    xs, ls = make_inputs(rng, 1, b, h, d, dtype)
+    x, lse = xs[0], ls[0]
+    bits = bits_of(dtype)
+    quads = (dtype.itemsize == 4 or d % 2 == 0) and \
+        pack.wide_rows(d if dtype.itemsize == 4 else d // 2)
+    picked, quad_rows = [], pack.quad_rows
+
+    def spy(*arrays):
+        picked.append(quad_rows(*arrays))
+        return picked[-1]
+
+    pack.quad_rows = spy
+    try:
+        for x_at, send_at in ((0, 0), (1, 0), (0, 2), (3, 1)):
+            for masked in (False, True):
+                dev_x = at_word(to_device, x.shape, dtype, x_at)
+                dev_x[...] = to_device(x)
+                send = at_word(to_device, (n, b, h // n, d + lse_pack_dim(dtype)), dtype,
+                                send_at)
+                mask, kwargs = None, {}
+                if masked:
+                    seq_lens, qsl, mask = pack_mask(b)
+                    kwargs = dict(seq_lens=to_device(seq_lens), query_start_loc=to_device(qsl))
+                pack_send(dev_x, to_device(lse), send, **kwargs)
+                expect = pack_reference(x, lse, n, mask=mask)
+                np.testing.assert_array_equal(to_host(send).view(bits), expect.view(bits))
+                assert picked[-1] == (quads and x_at == send_at == 0), (x_at, send_at)
+    finally:
+        pack.quad_rows = quad_rows
+
+
 def check_combine(to_device, to_host, dtype, n, b, h, d, rng, base_e=True, head_major=False,
                   return_lse=True, lse_center=0.0, spread=5.0):
     """unpack_combine agrees with lse_weighted_combine within 1 ulp of the output dtype."""

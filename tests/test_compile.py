@@ -88,8 +88,14 @@ def test_a2a_variants():
     masked, unmasked, *combines = a2a_tasks(BF16, 512, 2)  # functools.partial: their arguments
     assert masked.args[3] and not unmasked.args[3]
     assert masked.args[0] == unmasked.args[0] == np.uint32 and all(c.args[1] for c in combines)
+    assert not masked.args[4] and not unmasked.args[4]  # rows of one step: word by word
+    masked, unmasked, *_ = a2a_tasks(np.dtype(np.float32), 512, 2)  # wide rows of words: as
+    assert masked.args[0] == np.uint32 and masked.args[4] and unmasked.args[4]  # aligned quads
+    masked, unmasked, *_ = a2a_tasks(BF16, 1152, 2)
+    assert masked.args[0] == np.uint32 and masked.args[4] and unmasked.args[4]
     masked, unmasked, *combines = a2a_tasks(BF16, 511, 2)
     assert masked.args[0] == unmasked.args[0] == np.uint16
+    assert not masked.args[4] and not unmasked.args[4]  # 16-bit values: one at a time
     assert not any(c.args[1] for c in combines)
 
 

@@ -6,7 +6,7 @@ import pytest
 from gpu import requires_gpu
 from kernel_checks import (DTYPES, PACK_LAYOUTS, QUAD_CASES, check_bare_push, check_combine,
                            check_copy_floor, check_direct, check_direct_missing_peer,
-                           check_direct_quads, check_pack, check_pack_bf16x2)
+                           check_direct_quads, check_pack, check_pack_bf16x2, check_pack_quads)
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -45,6 +45,30 @@ def test_pack_bit_exact(dtype, d, monkeypatch):
     monkeypatch.setattr(_rows, "MAX_BLOCKS", 1)  # blocks loop over tokens, two a trip
     for layout in (False,) + PACK_LAYOUTS:
         check_pack(to_device, to_host, dtype, 2, 7, 4, d, rng, strided=layout, masked=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(2, 5, 4, 1), (2, 9, 8, 72), (2, 33, 8, 512), (8, 3, 16, 576),
+                                   (2, 5, 4, 1030)], ids=lambda s: "N%dB%dH%dD%d" % s)
+def test_pack_stores_aligned_quads_where_it_can(dtype, shape):
+    to_device, to_host = cupy_io()
+    check_pack_quads(to_device, to_host, dtype, *shape, np.random.default_rng(sum(shape)))
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_the_quads_pack_holds_its_registers(masked):
+    """The pack of rows as aligned quads, as every pack, is capped at MAX_REGISTERS
+    registers, and spills none there (no local memory)."""
+    import cupy
+    from cupy_dcp.kernels import pack
+    from cupy_dcp.kernels._rows import MAX_REGISTERS
+
+    kernel = pack.pack_kernel(np.dtype(np.uint32), 32, True, masked, True)
+    module = cupy.cuda.function.Module()
+    module.load(kernel._image)
+    function = module.get_function(kernel._entry)
+    assert cupy.cuda.driver.funcGetAttribute(4, function.ptr) <= MAX_REGISTERS  # NUM_REGS
+    assert cupy.cuda.driver.funcGetAttribute(3, function.ptr) == 0  # LOCAL_SIZE_BYTES
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from numba import cuda  # the simulator's, swapped in for the kernels' global ``cuda``
 
-from kernel_checks import (DTYPES, PACK_LAYOUTS, QUAD_CASES, check_agrs, check_bare_push,
-                           check_combine, check_direct, check_direct_missing_peer,
-                           check_direct_quads, check_pack, check_pack_bf16x2)
+from kernel_checks import (DTYPES, PACK_LAYOUTS, QUAD_CASES, at_word, check_agrs,
+                           check_bare_push, check_combine, check_direct,
+                           check_direct_missing_peer, check_direct_quads, check_pack,
+                           check_pack_bf16x2, check_pack_quads)
 
 
 def ident(x):
@@ -612,3 +613,38 @@ def test_every_combine_a_launch_picks_is_one_the_plan_built():
                 assert id(kernel) in built, (dtype, n, b, d, grid)
                 blocks.add(grid == (4, b, 1))  # a block a row: (H/N, B)
     assert blocks == {True, False}  # a block a row, and rows split over warps
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(2, 5, 4, 1), (3, 3, 6, 7), (2, 3, 4, 72), (2, 2, 2, 600),
+                                   (2, 3, 4, 517), (2, 3, 2, 1030)],
+                         ids=lambda s: "N%dB%dH%dD%d" % s)
+def test_pack_stores_aligned_quads_where_it_can(dtype, shape):
+    check_pack_quads(ident, host, dtype, *shape, np.random.default_rng(sum(shape)))
+
+
+def test_every_pack_a_launch_picks_is_one_the_plan_built():
+    """An a2a plan warms up its packs (``_compile.a2a_tasks``): with its aligned
+    buffers, every pack ``pack_launch`` picks, with a mask or without, is one of those
+    very kernels: rows of words as aligned quads, 16-bit values of an odd D by value."""
+    from cupy_dcp._compile import a2a_tasks
+    from cupy_dcp.kernels._arrays import dummy_index, kernel_array
+    from cupy_dcp.kernels.pack import pack_launch
+    from cupy_dcp.layout import lse_pack_dim
+
+    for dtype in DTYPES:
+        bits = np.uint32 if np.dtype(dtype).itemsize == 4 else np.uint16
+        for b, d in ((1, 512), (64, 512), (3, 72), (2, 33), (5, 300)):
+            built = {id(task()) for task in a2a_tasks(dtype, d, 2)}
+            x = at_word(ident, (b, 4, d), dtype, 0)  # 16-byte aligned, as CuPy's are
+            send = at_word(ident, (2, b + 1, 2, d + lse_pack_dim(dtype)), bits, 0)  # a trailer
+            seq_lens, qsl = np.ones(b, np.int64), np.arange(b + 1, dtype=np.int64)
+            recv = at_word(ident, send.shape, bits, 0)
+            lse = np.zeros((b, 4), np.float32)
+            for mask in ((dummy_index(), dummy_index(), -1),
+                         (kernel_array(seq_lens, np.int64), kernel_array(qsl, np.int64), b)):
+                kernel, *_ = pack_launch(
+                    kernel_array(x, bits), kernel_array(lse, np.uint32), *mask,
+                    kernel_array(send, bits), kernel_array(recv, bits), 0,
+                    (dummy_index(), dummy_index()))
+                assert id(kernel) in built, (dtype, b, d, mask[2])
