@@ -29,7 +29,7 @@ __all__ = ["quad_row_packer"]
 
 
 @functools.cache
-def quad_row_packer(group, quads, lse_fetch, lse_of):
+def quad_row_packer(group, quads, lse_fetch, lse_of, row_start):
     """Device function ``pack_quad_rows(data, data_flat, unit, s0, s1, lse_bits,
     seq_lens, query_start_loc, num_seqs, dst, r, h, b, b_count, tokens, hn, width,
     d_count, lane, buf)`` with the arguments of the pack's own rows function
@@ -41,7 +41,8 @@ def quad_row_packer(group, quads, lse_fetch, lse_of):
     ``lse_fetch(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)`` issues the
     loads of a row's LSE (and a mask's words); ``lse_of(fetched, b, seq_lens,
     query_start_loc, num_seqs)`` gives the bits its LSE word carries, once the
-    first quads' loads are issued and before their stores."""
+    first quads' loads are issued and before their stores; ``row_start(r, b, h, tokens,
+    hn, width)`` gives the flat index of row ``(r, b, h)``'s first word in ``dst``."""
     v = vector_functions()
     load_quad, load_duo, store_quad = v["load_quad"], v["load_duo"], v["store_quad"]
     u32, u64 = np.uint32, np.uint64
@@ -78,7 +79,7 @@ def quad_row_packer(group, quads, lse_fetch, lse_of):
         head = u32(u32(r * hn) + h)
         z = u32(cuda.gridDim.z)
         while b < b_count:
-            at = u64(u32(u32(u32(r * tokens) + b) * hn) + h) * u64(width)
+            at = row_start(r, b, h, tokens, hn, width)
             src = u64(b) * u64(s0) + u64(head) * u64(s1)
             lead = u32((u64(QUAD) - (at & u_three)) & u_three)
             if lead > d_count:

@@ -355,10 +355,11 @@ def _pack_kernel(group=WARP, half=False, wide=False, masked=True, quads=False):
                 b = u32(second + z)
 
     rows = pack_rows
-    if quads:  # the same rows, stored as aligned quads (``_quad_rows``)
-        rows = quad_row_packer(group, 4 if wide else 2,
+    if quads:  # the same rows, stored as aligned quads (``_quad_rows``): a lane holds
+        # as many words a trip as the word-at-a-time wide rows do
+        rows = quad_row_packer(group, held // QUAD,
                                *((row_lse_fetch, row_lse_of) if masked else
-                                 (row_lse_bits, row_lse_as_fetched)))
+                                 (row_lse_bits, row_lse_as_fetched)), row_start)
 
     # At most 64 registers (the linker's cap; the PTX is the same): 8 blocks of 128
     # threads fit an SM instead of 6, so that 1024 blocks (B = 32 at H = 128) run in
@@ -442,12 +443,13 @@ def pack_kernel(bits, group=WARP, wide=False, masked=True, quads=False):
     float32 at D = 512, 16-bit words at D = 576), with a mask or without one
     (``masked``: a kernel without reads no ``seq_lens`` and holds no mask's
     registers; :func:`pack_launch` picks it for ``num_seqs < 0``), and with its
-    rows stored as aligned 16-byte quads (``quads``, uint32 only: ``_quad_rows``;
+    rows stored as aligned 16-byte quads (``quads``, wide rows of uint32 only: ``_quad_rows``;
     :func:`pack_launch` picks it where :func:`quad_rows` allows). Its arguments
     are :func:`pack_launch`'s, then flat (1-D) views of ``send`` and ``recv``, then
     ``data.span()`` (the rows are read through it where it is not empty)."""
-    if quads and np.dtype(bits).itemsize != 4:
-        raise ValueError(f"the quads pack moves uint32 words (got {np.dtype(bits)})")
+    if quads and (np.dtype(bits).itemsize != 4 or not wide):
+        raise ValueError(f"the quads pack moves wide rows of uint32 words (got "
+                         f"{np.dtype(bits)}, wide={wide})")
     i64 = types.int64
     argtypes = (array_type(bits, 3, False), array_type(np.uint32, 2, False),
                 array_type(np.int64, 1, True), array_type(np.int64, 1, True), i64,

@@ -99,6 +99,14 @@ def test_a2a_variants():
     assert not any(c.args[1] for c in combines)
 
 
+@pytest.mark.parametrize("bits, group, wide", [(np.uint16, 32, True), (np.uint32, 8, False)])
+def test_the_quads_pack_is_built_for_wide_rows_of_words_only(bits, group, wide):
+    from cupy_dcp.kernels.pack import pack_kernel
+
+    with pytest.raises(ValueError, match="wide rows of uint32 words"):
+        pack_kernel(bits, group, wide, True, True)
+
+
 CALL_KERNELS = """
 from cupy_dcp.kernels._launch import choose_launcher
 choose_launcher("numba")  # building a wrapper compiles nothing
