@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 import cupy_dcp
 from _helpers import run_worker
-from cupy_dcp.layout import BFLOAT16, lse_pack_dim
+from cupy_dcp.layout import BFLOAT16, bits_dtype, lse_pack_dim
 from cupy_dcp.kernels._trailer import trailer_rows
 
 WORLD = MPI.COMM_WORLD
@@ -62,7 +62,7 @@ def still_works(comm, plan, dtype):
     got, got_lse = plan(*device(x, lse))
     plan.synchronize()
     want, want_lse = cupy_dcp.dcp_a2a_lse_reduce(x, lse, comm, return_lse=True)
-    bits = np.uint16 if np.dtype(dtype).itemsize == 2 else np.uint32
+    bits = bits_dtype(dtype)
     assert np.array_equal(cupy.asnumpy(got).view(bits), want.view(bits)), f"rank {RANK}"
     # the global LSE: the device's exp2/log2 against the host's, within 16 float32 ulps
     got_lse = cupy.asnumpy(got_lse)

@@ -10,6 +10,7 @@ import numpy as np
 from numba import cuda
 
 from cupy_dcp import lse_pack_dim, lse_weighted_combine, pack_reference
+from cupy_dcp.layout import bits_dtype
 from cupy_dcp.kernels import pack_send, unpack_combine
 
 from _helpers import host_bf16_rounding, ulp
@@ -93,7 +94,7 @@ def check_pack(to_device, to_host, dtype, n, b, h, d, rng, strided=False, lse_dt
     pack_send(dev_x, to_device(lse.astype(lse_dtype)), send, **kwargs)
     expect = pack_reference(x, lse.astype(lse_dtype).astype(np.float32), n, mask=mask)
     got = to_host(send)
-    bits = np.uint16 if dtype.itemsize == 2 else np.uint32
+    bits = bits_dtype(dtype)
     np.testing.assert_array_equal(got.view(bits), expect.view(bits))
 
 
@@ -104,13 +105,9 @@ def at_word(to_device, shape, dtype, words):
 
     size, item = int(np.prod(shape)), np.dtype(dtype).itemsize
     storage = to_device(np.zeros(size + 16, dtype))
-    skip = (-kernel_array(storage, bits_of(dtype)).ptr) % 16
+    skip = (-kernel_array(storage, bits_dtype(dtype)).ptr) % 16
     start = (skip + 4 * words) // item
     return storage[start:start + size].reshape(shape)
-
-
-def bits_of(dtype):
-    return np.uint16 if np.dtype(dtype).itemsize == 2 else np.uint32
 
 
 def check_pack_quads(to_device, to_host, dtype, n, b, h, d, rng):
@@ -125,7 +122,7 @@ def check_pack_quads(to_device, to_host, dtype, n, b, h, d, rng):
 
     xs, ls = make_inputs(rng, 1, b, h, d, dtype)
     x, lse = xs[0], ls[0]
-    bits = bits_of(dtype)
+    bits = bits_dtype(dtype)
     quads = (dtype.itemsize == 4 or d % 2 == 0) and \
         pack.wide_rows(d if dtype.itemsize == 4 else d // 2)
     picked, quad_rows = [], pack.quad_rows
@@ -251,7 +248,7 @@ def check_combine_rounds_to_nearest_even(to_device, to_host, dtype, b, hn, d, rn
     out = to_device(np.zeros((b, hn, d), dtype=dtype))
     unpack_combine(to_device(recv), out)
     exact = np.float32(0.5) * xs[0].astype(np.float32) + np.float32(0.5) * xs[1].astype(np.float32)
-    bits = np.uint16 if dtype.itemsize == 2 else np.uint32
+    bits = bits_dtype(dtype)
     np.testing.assert_array_equal(to_host(out).view(bits), exact.astype(dtype).view(bits))
 
 

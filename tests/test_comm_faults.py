@@ -11,7 +11,7 @@ from mpi4py import MPI
 import cupy_dcp
 from cupy_dcp._single import single_combine
 from cupy_dcp.comm import DEFAULT_TIMEOUT, _describe_sharing
-from cupy_dcp.layout import BFLOAT16
+from cupy_dcp.layout import BFLOAT16, bits_dtype
 from gpu import gpu_count
 from test_reliability_divergence import run_worker
 
@@ -154,7 +154,7 @@ def test_the_device_group_of_one_is_the_host_combine(dtype):
     lse[1, 2], lse[4, 0], lse[6, 3] = np.nan, np.inf, -np.inf
     seq_lens = np.array([2, 0, 0, 3, 1], np.int32)
     starts = np.array([1, 3, 5, 5, 7, 8], np.int64)  # token 0 and 8 are padding
-    bits = np.dtype(np.uint16 if np.dtype(dtype).itemsize == 2 else np.uint32)
+    bits = bits_dtype(dtype)
     for masks in ((), (seq_lens, starts)):
         want, want_lse = cupy_dcp.dcp_a2a_lse_reduce(x, lse, MPI.COMM_SELF, return_lse=True,
                                                      **dict(zip(("seq_lens", "query_start_loc"),

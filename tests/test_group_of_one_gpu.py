@@ -6,7 +6,7 @@ import pytest
 from mpi4py import MPI
 
 import cupy_dcp
-from cupy_dcp.layout import BFLOAT16
+from cupy_dcp.layout import BFLOAT16, bits_dtype
 from gpu import requires_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
@@ -30,6 +30,6 @@ def test_a_device_group_of_one_matches_the_host(dtype, strategy):
     got, got_lse = reduce(cupy.asarray(x), cupy.asarray(lse), MPI.COMM_SELF, return_lse=True,
                           out=out, **{k: cupy.asarray(v) for k, v in masks.items()})
     assert got is out
-    bits = np.uint16 if np.dtype(dtype).itemsize == 2 else np.uint32
+    bits = bits_dtype(dtype)
     np.testing.assert_array_equal(cupy.asnumpy(got).view(bits), want.view(bits))
     np.testing.assert_array_equal(cupy.asnumpy(got_lse), want_lse)

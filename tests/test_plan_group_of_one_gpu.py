@@ -7,7 +7,7 @@ import pytest
 from mpi4py import MPI
 
 import cupy_dcp
-from cupy_dcp.layout import BFLOAT16
+from cupy_dcp.layout import BFLOAT16, bits_dtype
 from gpu import requires_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
@@ -36,7 +36,7 @@ def test_a_plan_of_one_rank_is_the_host_combine(plan_type, dtype, masked):
     x, lse, masks = _case(dtype)
     masks = masks if masked else {}
     want, want_lse = cupy_dcp.dcp_a2a_lse_reduce(x, lse, MPI.COMM_SELF, return_lse=True, **masks)
-    bits = np.uint16 if np.dtype(dtype).itemsize == 2 else np.uint32
+    bits = bits_dtype(dtype)
     comm = cupy_dcp.Communicator.from_mpi(MPI.COMM_SELF, backend="mpi", timeout=30)
     with plan_type(comm, 12, 4, 6, dtype, return_lse=True) as plan:
         dx, dlse = cupy.asarray(x), cupy.asarray(lse)

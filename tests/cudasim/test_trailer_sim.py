@@ -7,7 +7,7 @@ import pytest
 
 from cupy_dcp import lse_weighted_combine
 from cupy_dcp.kernels._arrays import dummy_index, kernel_array
-from cupy_dcp.kernels._format import as_dtype, lse_pack_dim
+from cupy_dcp.kernels._format import as_dtype, bits_dtype, lse_pack_dim
 from cupy_dcp.kernels import combine
 from cupy_dcp.kernels._trailer import (CALL, DTYPE_CODES, FIELDS, MAGIC, STATUS_WORDS, TOKENS,
                                        WORDS, trailer_rows)
@@ -16,10 +16,6 @@ from cupy_dcp.kernels.pack import pack_launch
 from cupy_dcp.reference import pack_reference
 
 N, B, HN = 2, 3, 2
-
-
-def bits_of(dtype):
-    return np.dtype(np.uint32 if np.dtype(dtype).itemsize == 4 else np.uint16)
 
 
 def signature(dtype, d, base=True):
@@ -36,7 +32,7 @@ def words_of(chunk_rows, bits):
 
 def pack_rank(rank, x, lse, sig, state, d):
     """Rank ``rank``'s pack into plan buffers: ``(send, recv)`` ``[N, B + k, HN, W]``."""
-    bits = bits_of(x.dtype)
+    bits = bits_dtype(x.dtype)
     width = d + lse_pack_dim(x.dtype)
     k = trailer_rows(HN, width, bits.itemsize)
     send = np.zeros((N, B + k, HN, width), bits)
@@ -63,7 +59,7 @@ def test_the_pack_signs_every_chunk(dtype, d):
     state = np.array([41, 0], np.int64)
     send, recv = pack_rank(1, x, lse, signature(dtype, d), state, d)
     plain = pack_reference(x, lse, N)
-    bits = bits_of(dtype)
+    bits = bits_dtype(dtype)
     want = signature(dtype, d).astype(np.uint32)
     want[TOKENS], want[CALL] = B, 41
     for r in range(N):
@@ -98,7 +94,7 @@ def combine_ranks(dtype, d, odd_sig=None, odd_state=None, blocks=None):
         xs.append(x)
         lses.append(lse)
     recv = np.stack(chunks)
-    bits = bits_of(dtype)
+    bits = bits_dtype(dtype)
     _, value = combine_codec(dtype)
     out = np.zeros((B, HN, d), dtype)
     out_lse = np.zeros((B, HN), np.float32)
@@ -123,7 +119,7 @@ def test_the_combine_of_signed_chunks_is_exact(dtype, d, combine_kernel):
     want = np.zeros_like(out)
     want_lse = np.zeros_like(out_lse)
     unpack_combine(plain, want, want_lse)
-    bits = bits_of(dtype)
+    bits = bits_dtype(dtype)
     np.testing.assert_array_equal(out.view(bits), want.view(bits))
     np.testing.assert_array_equal(out_lse, want_lse)
     ref, ref_lse = lse_weighted_combine(xs.astype(np.float64), lses, return_lse=True)
