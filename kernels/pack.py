@@ -400,17 +400,15 @@ def _pack_kernel(group=WARP, half=False, wide=False, masked=True, quads=False):
         if unit:  # data's strides are then not negative, and below 2**32 elements
             s0, s1 = u32(u64(data.strides[0]) // u_item), u32(u64(data.strides[1]) // u_item)
         if h < hn:
-            # our own chunk skips the exchange: it goes straight to the receive buffer
-            # (each buffer on its own path, so that the stores are known to be global)
-            own = self_rank >= 0 and r == u32(self_rank)
-            inputs = (data, data_flat, unit, s0, s1, lse_bits, seq_lens, query_start_loc,
-                      num_seqs)
-            args = (r, h, u32(cuda.blockIdx.z), b_count, u32(send.shape[1]), hn,
-                    u32(send.shape[3]), u32(data.shape[2]), lane, buf)
-            if own:
-                rows(*inputs, recv_flat, *args)
-            else:
-                rows(*inputs, send_flat, *args)
+            # our own chunk skips the exchange: it goes straight to the receive buffer.
+            # One inlined copy of the rows for either buffer (two, one a buffer, cost
+            # more code and registers than the generic stores they spare)
+            dst = send_flat
+            if self_rank >= 0 and r == u32(self_rank):
+                dst = recv_flat
+            rows(data, data_flat, unit, s0, s1, lse_bits, seq_lens, query_start_loc,
+                 num_seqs, dst, r, h, u32(cuda.blockIdx.z), b_count, u32(send.shape[1]), hn,
+                 u32(send.shape[3]), u32(data.shape[2]), lane, buf)
         if t < words:
             if t == u64(0):
                 state[1] = count
