@@ -5,6 +5,7 @@
 - ``load_duo(words, i)``: the two words ``words[i:i + 2]`` in one 8-byte access
   (``&words[i]`` 8-byte aligned).
 - ``store_quad(words, i, a, b, c, d)``: ``words[i:i + 4] = a, b, c, d`` in one.
+- ``store_duo(words, i, a, b)``: ``words[i:i + 2] = a, b`` in one 8-byte access.
 
 A warp then moves 512 bytes per instruction instead of 128: the same bytes in
 flight with a quarter of the instructions, and whole 16-byte stores where they
@@ -24,8 +25,8 @@ QUAD = 4  # uint32 words per access
 
 @functools.cache
 def vector_functions():
-    """Compile (once) and return ``load_quad``, ``load_duo`` and ``store_quad``, by
-    name."""
+    """Compile (once) and return ``load_quad``, ``load_duo``, ``store_quad`` and
+    ``store_duo``, by name."""
     return (_simulated if config.ENABLE_CUDASIM else _compiled)()
 
 
@@ -57,7 +58,14 @@ def _simulated():
         words[i + 2] = c
         words[i + 3] = d
 
-    return dict(load_quad=load_quad, load_duo=load_duo, store_quad=store_quad)
+    @jit
+    def store_duo(words, i, a, b):
+        aligned(words, i, 8)
+        words[i] = a
+        words[i + 1] = b
+
+    return dict(load_quad=load_quad, load_duo=load_duo, store_quad=store_quad,
+                store_duo=store_duo)
 
 
 def _compiled():
@@ -67,7 +75,6 @@ def _compiled():
     from ._sync import element_pointer
 
     i32 = ir.IntType(32)
-    quad = ir.VectorType(i32, QUAD)
 
     def check(words):
         if not (isinstance(words, types.Array) and words.ndim == 1
@@ -99,18 +106,26 @@ def _compiled():
 
     load_quad, load_duo = vector_load("load_quad", QUAD), vector_load("load_duo", 2)
 
+    def vector_store(count, context, builder, sig, args):
+        """Store ``args[2:]`` (``count`` words) in one access of ``4 * count`` bytes."""
+        vector = ir.VectorType(i32, count)
+        value = ir.Constant(vector, ir.Undefined)
+        for k in range(count):
+            word = context.cast(builder, args[2 + k], sig.args[2 + k], types.uint32)
+            value = builder.insert_element(value, word, ir.Constant(i32, k))
+        builder.store(value, vector_pointer(context, builder, sig, args, vector),
+                      align=4 * count)
+        return context.get_dummy_value()
+
     @intrinsic
     def store_quad(typingctx, words, index, a, b, c, d):
         check(words)
+        return types.void(words, index, a, b, c, d), functools.partial(vector_store, QUAD)
 
-        def codegen(context, builder, sig, args):
-            value = ir.Constant(quad, ir.Undefined)
-            for k in range(QUAD):
-                word = context.cast(builder, args[2 + k], sig.args[2 + k], types.uint32)
-                value = builder.insert_element(value, word, ir.Constant(i32, k))
-            builder.store(value, vector_pointer(context, builder, sig, args, quad), align=16)
-            return context.get_dummy_value()
+    @intrinsic
+    def store_duo(typingctx, words, index, a, b):
+        check(words)
+        return types.void(words, index, a, b), functools.partial(vector_store, 2)
 
-        return types.void(words, index, a, b, c, d), codegen
-
-    return dict(load_quad=load_quad, load_duo=load_duo, store_quad=store_quad)
+    return dict(load_quad=load_quad, load_duo=load_duo, store_quad=store_quad,
+                store_duo=store_duo)

@@ -97,6 +97,7 @@ def kernels():
             add(f"combine {dtype} group {group}", combine.combine_kernel(dtype, False, group))
             add(f"agrs correct {dtype} group {group}", agrs.correct_kernel(dtype, group))
             add(f"agrs finish {dtype} group {group}", agrs.finish_kernel(dtype, group))
+        add(f"agrs finish {dtype} flat", agrs.flat_finish_kernel(dtype))
         for kernel in ("correct", "finish"):  # rows past a warp's UNROLL: twice the values a lane
             group, unroll = agrs.agrs_shape(512)
             add(f"agrs {kernel} {dtype} group {group} unroll {unroll}",

@@ -217,6 +217,49 @@ def check_agrs(to_device, to_host, dtype, n, b, hn, d, rng, base_e=True, head_ma
     np.testing.assert_allclose(g[finite], ref[finite], rtol=1e-6, atol=1e-5)
 
 
+def aligned_zeros(shape, dtype):
+    """Host zeros of ``shape`` whose first element is 16-byte aligned."""
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.zeros(size + 16, np.uint8)
+    lead = -raw.ctypes.data % 16
+    return raw[lead:lead + size].view(dtype).reshape(shape)
+
+
+def check_finish_flat_is_rows(to_device, to_host, dtype, n, b, hn, d, rng):
+    """The flat finish (a C-contiguous output of a multiple of four values) and the rows'
+    (a strided one) write the same output bits and the same LSE bits from the same sums: values across float32's
+    range with ties, subnormals, overflow, zeros of both signs, infinities and NaN; LSEs
+    of empty, NaN and +inf shards; N past what the kernels hold."""
+    from cupy_dcp.kernels import agrs, agrs_finish
+    from cupy_dcp.kernels._arrays import kernel_array
+
+    sums = (rng.standard_normal((b, hn, d)) * 10.0 ** rng.integers(-40, 39, (b, hn, d)))
+    sums = sums.astype(np.float32)
+    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-40, 3.4e38, 65520.0,
+                         65519.0, 1.00390625, 1.01171875, -2.0 ** -24, 2.0 ** -25], np.float32)
+    at = rng.choice(sums.size, min(sums.size, 4 * specials.size), replace=False)
+    sums.reshape(-1)[at] = np.resize(specials, at.size)
+    summed = aligned_zeros(sums.shape, np.float32)
+    summed[...] = sums
+    _, ls = make_inputs(rng, n, b, n * hn, 1, np.float32, spread=40.0)
+    lses, summed = to_device(np.ascontiguousarray(ls)), to_device(summed)
+    rank = n - 1
+    got = []
+    for strided in (False, True):
+        out = to_device(aligned_zeros((b, hn, d + 3 if strided else d), dtype))[..., :d]
+        out_lse = to_device(np.full((b, hn), 7.0, np.float32))
+        kernel = agrs.finish_launch(
+            dtype, kernel_array(summed, np.float32), kernel_array(lses, np.float32), rank,
+            True, kernel_array(out, agrs.combine_codec(dtype)[1]))[0]
+        flat = not strided and b * hn * d % 4 == 0  # else both take the rows
+        assert (kernel is agrs.flat_finish_kernel(dtype)) == flat, strided
+        agrs_finish(summed, lses, rank, out, out_lse)
+        got.append((to_host(out).view(bits_dtype(dtype)), to_host(out_lse).view(np.uint32)))
+    (flat, flat_lse), (rows, rows_lse) = got
+    np.testing.assert_array_equal(flat, rows)
+    np.testing.assert_array_equal(flat_lse, rows_lse)
+
+
 def check_copy_floor(to_device, to_host, read_bytes, written_bytes, quads, grid, block):
     """The kernel bench's copy floor built for ``quads`` in flight: dst quad q is the XOR
     of src quads q, q + Q, ... (Q = dst's quads), zeros past src; a plain copy where

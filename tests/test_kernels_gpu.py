@@ -275,6 +275,15 @@ def test_agrs_kernels_match_reference(dtype, d, base_e, streams, monkeypatch):
     check_agrs(to_device, to_host, dtype, 3, 5, 2, d, np.random.default_rng(d + 1), head_major=True)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(2, 40, 8, 128), (9, 5, 3, 4), (3, 7, 2, 1),
+                                   (4, 64, 16, 512)], ids=lambda s: "N%dB%dHn%dD%d" % s)
+def test_agrs_flat_finish_writes_the_rows_bits(dtype, shape):
+    """The flat finish (C-contiguous output) and the rows' (strided) write the same bits."""
+    from kernel_checks import check_finish_flat_is_rows
+    check_finish_flat_is_rows(*cupy_io(), dtype, *shape, np.random.default_rng(sum(shape)))
+
+
 def test_pack_bf16x2_rounds_as_the_integer_path():
     """The lines kernel's bfloat16 pairs: one ``cvt.rn.bf16x2.f32`` each, bit for bit
     the integer rounding the other kernels use."""

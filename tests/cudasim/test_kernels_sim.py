@@ -110,6 +110,15 @@ def test_agrs_kernels_match_reference(dtype, shape, base_e, streams, monkeypatch
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(2, 3, 2, 8), (9, 2, 3, 4),  # N past what finish holds
+                                   (2, 4, 1, 1), (3, 2, 2, 6)],  # D = 1: threads of LSEs only
+                         ids=lambda s: "N%dB%dHn%dD%d" % s)
+def test_agrs_flat_finish_writes_the_rows_bits(dtype, shape):
+    from kernel_checks import check_finish_flat_is_rows
+    check_finish_flat_is_rows(ident, host, dtype, *shape, np.random.default_rng(sum(shape)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("d", [7, 64])
 def test_combine_rounds_to_nearest_even(dtype, d):
     from kernel_checks import check_combine_rounds_to_nearest_even
@@ -561,11 +570,13 @@ def test_every_agrs_kernel_a_launch_picks_is_one_the_plan_built():
     """An AG+RS plan warms up its kernels (``_compile.agrs_tasks``): the correcting and
     finishing kernels that the launches pick, for rows shorter and longer than a
     warp's UNROLL values, for few rows and for as many as stream (``correct_shape``,
-    ``finish_shape``), are those very kernels."""
+    ``finish_shape``), into a contiguous output (the flat finish) and a strided one
+    (the rows), are those very kernels."""
     from cupy_dcp._compile import agrs_tasks
     from cupy_dcp.kernels import agrs
     from cupy_dcp.kernels._arrays import kernel_array
     from cupy_dcp.kernels.combine import combine_codec
+    from kernel_checks import aligned_zeros
 
     for dtype in DTYPES:
         value = combine_codec(dtype)[1]
@@ -578,11 +589,17 @@ def test_every_agrs_kernel_a_launch_picks_is_one_the_plan_built():
                 correct, _, _, _ = agrs.correct_launch(
                     dtype, kernel_array(np.zeros((b, h, d), dtype), value), lses, 0, True,
                     kernel_array(np.zeros((n, b, h // n, d), np.float32), np.float32))
-                finish, _, _, _ = agrs.finish_launch(
-                    dtype, kernel_array(np.zeros((b, h // n, d), np.float32), np.float32),
-                    lses, 0, True, kernel_array(np.zeros((b, h // n, d), dtype), value))
-                assert id(correct) in built and id(finish) in built, (dtype, d, b)
-                picked.append((correct, finish))
+                summed = kernel_array(aligned_zeros((b, h // n, d), np.float32), np.float32)
+                flat, _, _, _ = agrs.finish_launch(
+                    dtype, summed, lses, 0, True,
+                    kernel_array(aligned_zeros((b, h // n, d), dtype), value))
+                rows, _, _, _ = agrs.finish_launch(
+                    dtype, summed, lses, 0, True,
+                    kernel_array(aligned_zeros((b, h // n, d + 1), dtype)[..., :d], value))
+                assert id(correct) in built and id(flat) in built and id(rows) in built
+                assert (flat is agrs.flat_finish_kernel(dtype)) == (b * d % 2 == 0), (d, b)
+                assert rows is not agrs.flat_finish_kernel(dtype), (d, b)
+                picked.append((correct, rows))
             assert picked[0][0] is not picked[1][0], d  # many rows: correct streams
             assert (picked[0][1] is not picked[1][1]) == (d > 256), d  # finish, past 8 a lane
 
