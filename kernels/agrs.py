@@ -17,12 +17,17 @@ stream instead (:func:`correct_shape`, :func:`finish_shape`): ``correct`` moves
 twice the values a lane, so that each lane weighs the gathered LSEs once for
 more of them, and ``finish`` moves a warp's values a trip, in more warps.
 
-Where the output is C-contiguous (and the sums and it aligned), ``finish`` is
-flat instead (:func:`flat_finish_kernel`): rounding the sums is then elementwise
-over ``B * H/N * D`` values, so each thread moves one 16-byte quad of sums (two
-words of 16-bit values, or the float32 bits as they are) and thread t computes
-row t's LSE: no lane waits on a row's LSEs, and no row's length sets the lanes.
-The same bits as the rows' kernel, which serves any other output.
+Where the input's rows are unit-stride and aligned for a quad of values (D a
+multiple of four), ``correct`` moves values in quads (:func:`vector_correct_kernel`):
+lane k of a row loads quads k, k + group, ... (two words of 16-bit values, or one
+16-byte quad of float32) and stores each as one 16-byte quad, so that each load
+and store of a warp is whole. Where the output is C-contiguous (and the sums and
+it aligned), ``finish`` is flat instead (:func:`flat_finish_kernel`): rounding
+the sums is then elementwise over ``B * H/N * D`` values, so each thread moves
+one 16-byte quad of sums (two words of 16-bit values, or the float32 bits as they
+are) and thread t computes row t's LSE: no lane waits on a row's LSEs, and no
+row's length sets the lanes. Both give the same bits as the kernels of values one
+by one, which serve any other input and output.
 """
 
 import functools
@@ -42,7 +47,7 @@ from ._vector import QUAD, vector_functions
 __all__ = ["CORRECT_STREAMS", "FINISH_STREAMS", "MAX_HELD", "agrs_correct", "agrs_finish",
            "agrs_shape", "agrs_shapes", "correct_kernel", "correct_launch", "correct_shape",
            "finish_kernel", "finish_launch", "finish_shape", "flat_finish_kernel",
-           "mask_kernel", "mask_launch"]
+           "mask_kernel", "mask_launch", "vector_correct_kernel"]
 
 
 MAX_HELD = 8  # gathered LSEs that finish's lane 0 loads with its row's values (N up to 8)
@@ -155,6 +160,81 @@ def _correct_kernel(codec, group, unroll):
             b += b_step
 
     return correct
+
+
+@functools.cache
+def _vector_correct_kernel(codec, group, unroll):
+    f = device_functions()
+    _, _, decode_lo, decode_hi, _ = codec_functions(codec)
+    weigh, shard_weight, zero = _gathered_weights(), f["shard_weight"], f["zero"]
+    as_float, as_bits = f["as_float"], f["as_bits"]
+    v = vector_functions()
+    load_quad, load_duo, store_quad = v["load_quad"], v["load_duo"], v["store_quad"]
+    pairs = codec in PAIRS
+    quads = unroll // QUAD  # a lane's quads of values a trip
+    u64 = np.uint64
+    u_quad, u_stride = u64(QUAD), u64(group * QUAD)  # quad k of a lane: k * group quads on
+    u_step = u64(group * unroll)
+    cursor = tile_cursor()
+
+    @cuda.jit
+    def correct_vectors(words, s0, s1, d_count, lses, self_rank, base_e, corrected):
+        # words: data's words (16-bit values two a word, or float32 bits), row (b, head)
+        # at b * s0 + head * s1 words, 8-byte (16-bit) or 16-byte aligned; lses [N, B, H]
+        # f32; corrected: the [N, B, H/N, D] float32 terms' bits, flat. A lane moves quads
+        # of values `group` quads apart, so that each load and store of a warp is whole.
+        b_count, n = u64(lses.shape[1]), u64(lses.shape[0])
+        hn = u64(lses.shape[2]) // n
+        d_values = u64(d_count)
+        lane, h, b, b_step = cursor(u64(group))
+        r = u64(cuda.blockIdx.y)  # the grid's y: the rank the corrected row goes to
+        head = r * hn + h
+        buf = cuda.local.array(unroll, np.uint32)
+        while h < hn and b < b_count:
+            column = lses[:, b, head]
+            src = b * u64(s0) + head * u64(s1)
+            dst = ((r * b_count + b) * hn + h) * d_values
+            w = zero
+            weighed = False
+            base = lane * u_quad
+            while base < d_values:
+                for k in range(quads):  # the values load before the weights need the LSEs
+                    at = base + u64(k) * u_stride
+                    if at < d_values:
+                        if pairs:
+                            w0, w1 = load_duo(words, src + at // u64(2))
+                            buf[QUAD * k] = w0
+                            buf[QUAD * k + 1] = w1
+                        else:
+                            w0, w1, w2, w3 = load_quad(words, src + at)
+                            buf[QUAD * k] = w0
+                            buf[QUAD * k + 1] = w1
+                            buf[QUAD * k + 2] = w2
+                            buf[QUAD * k + 3] = w3
+                if not weighed:
+                    m, inv_total, _ = weigh(column, n, base_e)
+                    w = shard_weight(column[self_rank], m, inv_total, base_e)
+                    weighed = True
+                live = w != zero  # an empty shard adds exactly 0, even NaN
+                for k in range(quads):
+                    at = base + u64(k) * u_stride
+                    if at < d_values:
+                        if pairs:
+                            x0, x1 = decode_lo(buf[QUAD * k]), decode_hi(buf[QUAD * k])
+                            x2 = decode_lo(buf[QUAD * k + 1])
+                            x3 = decode_hi(buf[QUAD * k + 1])
+                        else:
+                            x0, x1 = as_float(buf[QUAD * k]), as_float(buf[QUAD * k + 1])
+                            x2, x3 = as_float(buf[QUAD * k + 2]), as_float(buf[QUAD * k + 3])
+                        store_quad(corrected, dst + at,
+                                   as_bits(w * x0 if live else zero),
+                                   as_bits(w * x1 if live else zero),
+                                   as_bits(w * x2 if live else zero),
+                                   as_bits(w * x3 if live else zero))
+                base += u_step
+            b += b_step
+
+    return correct_vectors
 
 
 @functools.cache
@@ -330,6 +410,31 @@ def finish_kernel(dtype, group, unroll=UNROLL):
 
 
 @functools.cache
+def vector_correct_kernel(dtype, group, unroll=UNROLL):
+    """The correcting kernel that moves values in quads (a warp's loads and stores
+    whole): ``group`` lanes a row, ``unroll`` values a lane and trip
+    (:func:`correct_vectors`)."""
+    codec, _ = combine_codec(dtype, pairs=True)
+    i64 = types.int64
+    return SpecializedKernel(_vector_correct_kernel(codec, group, unroll), (
+        array_type(np.uint32, 1, True), i64, i64, i64, array_type(np.float32, 3, True), i64,
+        i64, array_type(np.uint32, 1, True)))
+
+
+def correct_vectors(data, corrected):
+    """Can :func:`vector_correct_kernel` correct ``data`` (``[B, H, D]`` values) into
+    ``corrected``? D a multiple of four, rows unit-stride, every row aligned for a
+    quad of values (8 bytes of 16-bit values, 16 of float32) and ``corrected``
+    16-byte aligned."""
+    item = data.dtype.itemsize
+    align = QUAD * item
+    return (item in (2, 4) and data.shape[2] % QUAD == 0 and data.span().shape[0] > 0
+            and data.ptr % align == 0 and corrected.ptr % 16 == 0
+            and all(stride % align == 0 for extent, stride in zip(data.shape[:2], data.strides[:2])
+                    if extent > 1))
+
+
+@functools.cache
 def flat_finish_kernel(dtype):
     """The flat finishing kernel for ``dtype``: a quad of sums a thread, its values
     in pairs (16-bit) or as they are (float32), and the row t's LSE in thread t."""
@@ -359,6 +464,16 @@ def correct_launch(dtype, data, lses, self_rank, is_lse_base_on_e, corrected):
                          f"{tuple(data.shape)} (got {lses.shape} and {corrected.shape})")
     group, unroll = correct_shape(data.shape[2], b * h)
     grid, block = tile_grid(h // n, b, group, n)
+    if correct_vectors(data, corrected):
+        item = data.dtype.itemsize
+        words = data.span()
+        words = DeviceArray(words.ptr, (words.shape[0] * item // 4,), (4,), np.uint32,
+                            words.owner)
+        s0, s1 = (stride // 4 if extent > 1 else 0
+                  for extent, stride in zip(data.shape[:2], data.strides[:2]))
+        return vector_correct_kernel(dtype, group, unroll), grid, block, (
+            words, s0, s1, data.shape[2], lses, int(self_rank), int(bool(is_lse_base_on_e)),
+            corrected.view(np.uint32).flat())
     return correct_kernel(dtype, group, unroll), grid, block, (
         data, lses, int(self_rank), int(bool(is_lse_base_on_e)), corrected)
 

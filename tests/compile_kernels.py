@@ -106,6 +106,10 @@ def kernels():
             group, unroll = agrs.correct_shape(elements, 1 << 40)
             add(f"agrs correct {dtype} group {group} unroll {unroll}",
                 agrs.correct_kernel(dtype, group, unroll))
+            for rows in (1, 1 << 40):  # whole quads in and out: few rows and many
+                group, unroll = agrs.correct_shape(elements, rows)
+                add(f"agrs correct {dtype} group {group} unroll {unroll} vectors",
+                    agrs.vector_correct_kernel(dtype, group, unroll))
         if dtype.itemsize == 2:  # 16-bit values combined in pairs
             add(f"combine {dtype} pairs", combine.combine_kernel(dtype, True))
         for shards in (2, 3, 8):  # the combine built for its N (every shard loaded first)

@@ -260,6 +260,42 @@ def check_finish_flat_is_rows(to_device, to_host, dtype, n, b, hn, d, rng):
     np.testing.assert_array_equal(flat_lse, rows_lse)
 
 
+def check_correct_vectors_is_rows(to_device, to_host, dtype, n, b, hn, d, rng):
+    """The correction that moves whole quads (aligned rows: contiguous, or padded by
+    16 bytes) and the rows' (the same values through rows padded by one value) write
+    the same float32 bits: partials
+    with NaN, infinities, zeros of both signs and subnormals; LSEs of empty, NaN and
+    +inf shards; N past what the kernels hold."""
+    from cupy_dcp.kernels import agrs, agrs_correct
+    from cupy_dcp.kernels._arrays import kernel_array
+
+    h = n * hn
+    xs, ls = make_inputs(rng, n, b, h, d, dtype, spread=40.0)
+    x = xs[n - 1].astype(np.float32)
+    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, 6e4], np.float32)
+    at = rng.choice(x.size, min(x.size, 3 * specials.size), replace=False)
+    x.reshape(-1)[at] = np.resize(specials, at.size)
+    x = x.astype(dtype)
+    lses = to_device(np.ascontiguousarray(ls))
+    value = agrs.combine_codec(dtype)[1]
+    got = []
+    for pad in (0, 8, 1):  # contiguous, rows padded to keep 16-byte alignment, and not
+        strided = pad % 8 != 0
+        host = aligned_zeros((b, h, d + pad), dtype)
+        host[..., :d] = x
+        data = to_device(host)[..., :d]
+        corrected = to_device(aligned_zeros((n, b, hn, d), np.float32))
+        kernel = agrs.correct_launch(dtype, kernel_array(data, value),
+                                     kernel_array(lses, np.float32), n - 1, True,
+                                     kernel_array(corrected, np.float32))[0]
+        vectors = kernel._dispatcher.py_func.__name__ == "correct_vectors"
+        assert vectors == (not strided and d % 4 == 0), (strided, d)
+        agrs_correct(data, lses, n - 1, corrected)
+        got.append(to_host(corrected).view(np.uint32))
+    np.testing.assert_array_equal(got[0], got[2])
+    np.testing.assert_array_equal(got[1], got[2])
+
+
 def check_copy_floor(to_device, to_host, read_bytes, written_bytes, quads, grid, block):
     """The kernel bench's copy floor built for ``quads`` in flight: dst quad q is the XOR
     of src quads q, q + Q, ... (Q = dst's quads), zeros past src; a plain copy where

@@ -284,6 +284,19 @@ def test_agrs_flat_finish_writes_the_rows_bits(dtype, shape):
     check_finish_flat_is_rows(*cupy_io(), dtype, *shape, np.random.default_rng(sum(shape)))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(2, 40, 8, 128), (9, 5, 3, 16), (3, 7, 2, 12),
+                                   (4, 64, 16, 512), (2, 3, 2, 576)],
+                         ids=lambda s: "N%dB%dHn%dD%d" % s)
+@pytest.mark.parametrize("streams", [False, True], ids=["few_rows", "streams"])
+def test_agrs_vector_correct_writes_the_rows_bits(dtype, shape, streams, monkeypatch):
+    """The correction in whole quads (aligned rows) and the rows' write the same bits."""
+    from kernel_checks import check_correct_vectors_is_rows, stream_every_agrs_launch
+    if streams:
+        stream_every_agrs_launch(monkeypatch)
+    check_correct_vectors_is_rows(*cupy_io(), dtype, *shape, np.random.default_rng(sum(shape)))
+
+
 def test_pack_bf16x2_rounds_as_the_integer_path():
     """The lines kernel's bfloat16 pairs: one ``cvt.rn.bf16x2.f32`` each, bit for bit
     the integer rounding the other kernels use."""

@@ -119,6 +119,20 @@ def test_agrs_flat_finish_writes_the_rows_bits(dtype, shape):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(2, 3, 2, 8), (9, 2, 1, 16),  # N past what weigh holds
+                                   (2, 2, 1, 12),  # a lane's last quads past the row
+                                   (2, 2, 2, 10),  # D not a multiple of four: rows
+                                   (3, 2, 1, 576)],  # two trips a row
+                         ids=lambda s: "N%dB%dHn%dD%d" % s)
+@pytest.mark.parametrize("streams", [False, True], ids=["few_rows", "streams"])
+def test_agrs_vector_correct_writes_the_rows_bits(dtype, shape, streams, monkeypatch):
+    from kernel_checks import check_correct_vectors_is_rows, stream_every_agrs_launch
+    if streams:
+        stream_every_agrs_launch(monkeypatch)
+    check_correct_vectors_is_rows(ident, host, dtype, *shape, np.random.default_rng(sum(shape)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("d", [7, 64])
 def test_combine_rounds_to_nearest_even(dtype, d):
     from kernel_checks import check_combine_rounds_to_nearest_even
