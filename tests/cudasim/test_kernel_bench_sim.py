@@ -8,6 +8,7 @@ import pytest
 
 from cupy_dcp import _kernel_bench
 from cupy_dcp._kernel_table import KERNELS
+from cupy_dcp.kernels import agrs
 from cupy_dcp.layout import as_dtype, lse_pack_dim
 
 
@@ -28,13 +29,15 @@ def test_every_kernel_of_a_case_launches(dtype):
                         B * (H // n) * D * size + B * (H // n) * 4),
     }
     # the tile grid: H/N = 2 rows a token along x (one warp holds both: 4 lanes a row), the
-    # ranks along y for the pack and the correction (one slice of a row for the others),
-    # the B tokens along z; the combine runs a block a row (one warp: D = 8): (H/N, B)
+    # ranks along y for the pack and the correction, the B tokens along z; the combine runs
+    # a block a row (one warp: D = 8): (H/N, B); the finish is flat (its output contiguous):
+    # a block of FLAT_BLOCK threads holds the B * H/N * D / 4 quads and the B * H/N LSEs
     grids = {"pack": (1, n, B), "pack_masked": (1, n, B), "combine": (H // n, B, 1),
-             "agrs_correct": (1, n, B), "agrs_finish": (1, 1, B)}
+             "agrs_correct": (1, n, B), "agrs_finish": (1, 1, 1)}
+    blocks = {**dict.fromkeys(grids, (32, 1)), "agrs_finish": (agrs.FLAT_BLOCK, 1, 1)}
     for name, (kernel, grid, block, args), nread, nwritten in launches:
         assert (nread, nwritten) == expected[name], name
-        assert tuple(block) == (32, 1) and tuple(grid) == grids[name], (name, grid, block)
+        assert tuple(block) == blocks[name] and tuple(grid) == grids[name], (name, grid, block)
         assert _kernel_bench.floor_blocks(grid) == (int(np.prod(grid)),)
         kernel(grid, block, 0, args)  # raises where an argument is of the wrong kind
 
