@@ -31,9 +31,11 @@ __all__ = ["a2a_tasks", "agrs_tasks", "build_shared", "direct_paths", "direct_re
 PATHS = ("tiles", "words", "lines")  # the order of a direct plan's residency list
 
 
-def a2a_tasks(dtype, head_dim, world_size=0):
+def a2a_tasks(dtype, head_dim, world_size=0, standalone=False):
     """The pack and combine kernels of a :class:`DcpA2APlan` of ``world_size`` ranks
-    (0: the combine for any N)."""
+    (0: the combine for any N); with ``standalone``, also those that ``pack_send`` and
+    ``unpack_combine`` launch outside a plan (the combine a block a row without a
+    plan's trailer)."""
     from .kernels.combine import combine_kernel, combine_variants, static_shards
     from .kernels.pack import pack_kernel, wide_rows
 
@@ -42,8 +44,11 @@ def a2a_tasks(dtype, head_dim, world_size=0):
     bits = np.dtype(np.uint32 if dtype.itemsize == 4 else np.uint16)
 
     def combines(pairs, elements):
+        variants = combine_variants(elements, shards, True)
+        if standalone:
+            variants += [v for v in combine_variants(elements, shards) if v not in variants]
         return [functools.partial(combine_kernel, dtype, pairs, *variant)
-                for variant in combine_variants(elements, shards, True)]
+                for variant in variants]
 
     def pack(bits, elements):  # with a mask and without one; wide rows of words as
         # aligned quads (a plan's buffers are aligned, and so is any CuPy allocation)

@@ -8,7 +8,9 @@ Run::
 On a machine with a GPU it compiles, for that GPU, the CUDA kernels that the
 named plans of that shape can launch (the direct plan's every path, plain and,
 on Hopper or later, as programmatic dependents: which of them a run takes
-depends on how its ranks sit on the GPUs) and stores their cubins. With
+depends on how its ranks sit on the GPUs; for ``a2a``, also the kernels that
+``pack_send`` and ``unpack_combine`` launch outside a plan) and stores their
+cubins. With
 ``--cc MAJOR.MINOR`` it needs no GPU nor driver: it stores their PTX for that
 compute capability, which the first process to load a kernel on a GPU links
 into a cubin (and stores). The cache is the one a run would use
@@ -66,7 +68,8 @@ def tasks(args):
     bits = bits_dtype(dtype)
     found = []
     if "a2a" in args.plans:
-        found += [(f"a2a #{i}", t) for i, t in enumerate(_compile.a2a_tasks(dtype, D, n))]
+        found += [(f"a2a #{i}", t)  # a plan's, and pack_send's and unpack_combine's alone
+                  for i, t in enumerate(_compile.a2a_tasks(dtype, D, n, standalone=True))]
     if "agrs" in args.plans:
         found += [(f"agrs #{i}", t)
                   for i, t in enumerate(_compile.agrs_tasks(dtype, args.heads, D))]

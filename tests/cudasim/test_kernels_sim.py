@@ -618,6 +618,35 @@ def test_every_agrs_kernel_a_launch_picks_is_one_the_plan_built():
             assert (picked[0][1] is not picked[1][1]) == (d > 256), d  # finish, past 8 a lane
 
 
+def test_the_warmup_builds_the_kernels_of_pack_send_and_unpack_combine():
+    """``python -m cupy_dcp.warmup --plans a2a`` builds the pack and the combine that the
+    functions launch outside a plan (the combine a block a row without a plan's
+    trailer), besides the plan's own; a plan warms up only its own."""
+    from cupy_dcp._compile import a2a_tasks
+    from cupy_dcp.kernels import combine, pack
+    from cupy_dcp.kernels._arrays import dummy_index, kernel_array
+    from cupy_dcp.layout import as_dtype, bits_dtype, send_buffer_shape
+
+    for dtype, n, B, H, D in ((as_dtype("bfloat16"), 2, 3, 8, 128),
+                              (as_dtype("float32"), 4, 2, 8, 64)):
+        built = {id(task()) for task in a2a_tasks(dtype, D, n, standalone=True)}
+        own = {id(task()) for task in a2a_tasks(dtype, D, n)}
+        bits = bits_dtype(dtype)
+        send = np.zeros(send_buffer_shape(n, B, H, D, dtype), bits)
+        out = np.zeros((B, H // n, D), bits)
+        alone = combine.combine_launch(dtype, kernel_array(send, bits), kernel_array(out, bits),
+                                       None, True)[0]
+        in_plan = combine.combine_launch(dtype, kernel_array(send, bits), kernel_array(out, bits),
+                                         None, True, signed=(dummy_index(), dummy_index()))[0]
+        packs = pack.pack_launch(kernel_array(np.zeros((B, H, D), bits), bits),
+                                 kernel_array(np.zeros((B, H), np.float32), np.uint32),
+                                 dummy_index(), dummy_index(), -1, kernel_array(send, bits),
+                                 kernel_array(send, bits), -1)[0]
+        assert alone is not in_plan and {id(alone), id(in_plan), id(packs)} <= built, dtype
+        assert id(in_plan) in own and id(alone) not in own, dtype
+        assert own <= built, dtype
+
+
 def test_every_combine_a_launch_picks_is_one_the_plan_built():
     """An a2a plan warms up its combines (``_compile.a2a_tasks``); every combine that
     ``combine_launch`` picks then is one of those very kernels, whole rows or split,
