@@ -64,6 +64,7 @@ def a2a_tasks(dtype, head_dim, world_size=0, standalone=False):
 
 def agrs_tasks(dtype, num_heads, head_dim):
     """The kernels of a :class:`DcpAgRsPlan`."""
+    from .kernels._vector import QUAD
     from .kernels.agrs import (agrs_shapes, correct_kernel, finish_kernel, flat_finish_kernel,
                                mask_kernel, vector_correct_kernel)
 
@@ -71,7 +72,7 @@ def agrs_tasks(dtype, num_heads, head_dim):
     return [functools.partial(correct_kernel, np.dtype(dtype), *shape)
             for shape in shapes["correct"]] + \
         [functools.partial(vector_correct_kernel, np.dtype(dtype), *shape)
-         for shape in shapes["correct"] if int(head_dim) % 4 == 0] + \
+         for shape in shapes["correct"] if int(head_dim) % QUAD == 0] + \
         [functools.partial(flat_finish_kernel, np.dtype(dtype))] + \
         [functools.partial(finish_kernel, np.dtype(dtype), *shape)
          for shape in shapes["finish"]] + \

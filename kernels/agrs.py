@@ -453,6 +453,12 @@ def finishes_flat(summed, out):
             and out.ptr % (16 if out.dtype.itemsize == 4 else 8) == 0)
 
 
+def _words(flat):
+    """A 1-D unit-stride array as the uint32 words the vector kernels move: 16-bit
+    values two a word (:meth:`DeviceArray.as_words`), float32 values as their bits."""
+    return flat.as_words() if flat.dtype.itemsize == 2 else flat.view(np.uint32)
+
+
 def correct_launch(dtype, data, lses, self_rank, is_lse_base_on_e, corrected):
     """``(kernel, grid, block, args)``: ``data [B, H, D]`` (seen as the codec's values),
     gathered ``lses [N, B, H]`` float32 -> ``corrected [N, B, H/N, D]`` float32."""
@@ -465,15 +471,11 @@ def correct_launch(dtype, data, lses, self_rank, is_lse_base_on_e, corrected):
     group, unroll = correct_shape(data.shape[2], b * h)
     grid, block = tile_grid(h // n, b, group, n)
     if correct_vectors(data, corrected):
-        item = data.dtype.itemsize
-        words = data.span()
-        words = DeviceArray(words.ptr, (words.shape[0] * item // 4,), (4,), np.uint32,
-                            words.owner)
         s0, s1 = (stride // 4 if extent > 1 else 0
                   for extent, stride in zip(data.shape[:2], data.strides[:2]))
         return vector_correct_kernel(dtype, group, unroll), grid, block, (
-            words, s0, s1, data.shape[2], lses, int(self_rank), int(bool(is_lse_base_on_e)),
-            corrected.view(np.uint32).flat())
+            _words(data.span()), s0, s1, data.shape[2], lses, int(self_rank),
+            int(bool(is_lse_base_on_e)), _words(corrected.flat()))
     return correct_kernel(dtype, group, unroll), grid, block, (
         data, lses, int(self_rank), int(bool(is_lse_base_on_e)), corrected)
 
@@ -496,11 +498,9 @@ def finish_launch(dtype, summed, lses, self_rank, is_lse_base_on_e, out, out_lse
         rows = summed.shape[0] * summed.shape[1] if write_lse else 0
         threads = max(summed.size // QUAD, rows, 1)  # a quad a thread, a row's LSE a thread
         grid, block = (-(-threads // FLAT_BLOCK), 1, 1), (FLAT_BLOCK, 1, 1)
-        out_words = DeviceArray(out.ptr, (out.size * out.dtype.itemsize // 4,), (4,),
-                                np.uint32, out.owner)
         return flat_finish_kernel(dtype), grid, block, (
-            summed.view(np.uint32).flat(), lses, int(self_rank), int(bool(is_lse_base_on_e)), int(write_lse),
-            out_words, out_lse)
+            _words(summed.flat()), lses, int(self_rank), int(bool(is_lse_base_on_e)),
+            int(write_lse), _words(out.flat()), out_lse)
     group, unroll = finish_shape(summed.shape[2], summed.shape[0] * summed.shape[1])
     grid, block = tile_grid(summed.shape[1], summed.shape[0], group)
     return finish_kernel(dtype, group, unroll), grid, block, (

@@ -227,9 +227,10 @@ def aligned_zeros(shape, dtype):
 
 def check_finish_flat_is_rows(to_device, to_host, dtype, n, b, hn, d, rng):
     """The flat finish (a C-contiguous output of a multiple of four values) and the rows'
-    (a strided one) write the same output bits and the same LSE bits from the same sums: values across float32's
-    range with ties, subnormals, overflow, zeros of both signs, infinities and NaN; LSEs
-    of empty, NaN and +inf shards; N past what the kernels hold."""
+    (a strided one) write the same output bits and the same LSE bits from the same sums:
+    values across float32's range with ties, subnormals, overflow, zeros of both signs,
+    infinities and NaN; LSEs of empty, NaN and +inf shards; N past what the kernels
+    hold."""
     from cupy_dcp.kernels import agrs, agrs_finish
     from cupy_dcp.kernels._arrays import kernel_array
 
@@ -263,9 +264,8 @@ def check_finish_flat_is_rows(to_device, to_host, dtype, n, b, hn, d, rng):
 def check_correct_vectors_is_rows(to_device, to_host, dtype, n, b, hn, d, rng):
     """The correction that moves whole quads (aligned rows: contiguous, or padded by
     16 bytes) and the rows' (the same values through rows padded by one value) write
-    the same float32 bits: partials
-    with NaN, infinities, zeros of both signs and subnormals; LSEs of empty, NaN and
-    +inf shards; N past what the kernels hold."""
+    the same float32 bits: partials with NaN, infinities, zeros of both signs and
+    subnormals; LSEs of empty, NaN and +inf shards; N past what the kernels hold."""
     from cupy_dcp.kernels import agrs, agrs_correct
     from cupy_dcp.kernels._arrays import kernel_array
 
