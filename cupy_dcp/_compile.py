@@ -34,9 +34,10 @@ PATHS = ("tiles", "words", "lines")  # the order of a direct plan's residency li
 def a2a_tasks(dtype, head_dim, world_size=0, standalone=False):
     """The pack and combine kernels of a :class:`DcpA2APlan` of ``world_size`` ranks
     (0: the combine for any N); with ``standalone``, also those that ``pack_send`` and
-    ``unpack_combine`` launch outside a plan (the combine a block a row without a
-    plan's trailer)."""
+    ``unpack_combine`` launch outside a plan (the pack a block row per token and the
+    combine a block a row, without a plan's trailer)."""
     from .kernels.combine import combine_kernel, combine_variants, static_shards
+    from .kernels._pack_tokens import tokens_kernel
     from .kernels.pack import pack_kernel, wide_rows
 
     dtype, D = np.dtype(dtype), int(head_dim)
@@ -51,11 +52,17 @@ def a2a_tasks(dtype, head_dim, world_size=0, standalone=False):
                 for variant in variants]
 
     def pack(bits, elements):  # with a mask and without one; wide rows of words as
-        # aligned quads (a plan's buffers are aligned, and so is any CuPy allocation)
-        wide = wide_rows(elements)
-        return [functools.partial(pack_kernel, np.dtype(bits), lanes_per_row(elements), wide,
-                                  masked, wide and np.dtype(bits).itemsize == 4)
-                for masked in (True, False)]
+        # aligned quads (a plan's buffers are aligned, and so is any CuPy allocation);
+        # rows of one step also a block row per token, signed in a plan (not outside)
+        wide, group = wide_rows(elements), lanes_per_row(elements)
+        tasks = [functools.partial(pack_kernel, np.dtype(bits), group, wide, masked,
+                                   wide and np.dtype(bits).itemsize == 4)
+                 for masked in (True, False)]
+        if not wide:
+            tasks += [functools.partial(tokens_kernel, np.dtype(bits), group, masked, signed)
+                      for masked in (True, False)
+                      for signed in ((True, False) if standalone else (True,))]
+        return tasks
 
     if bits.itemsize == 2 and D % 2 == 0:  # words, and bfloat16 and float16 in pairs
         return pack(np.uint32, D // 2) + combines(True, D // 2)

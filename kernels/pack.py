@@ -28,8 +28,9 @@ from ._device import device_functions
 from ._format import LSE_HALF_BITS, LSE_HALF_MASK
 from ._launch import SpecializedKernel, array_type
 from ._math import NEG_INF_BITS
+from ._pack_tokens import by_tokens, element_strides, tokens_kernel
 from ._quad_rows import quad_row_packer
-from ._rows import MAX_REGISTERS, UNROLL, WARP, lanes_per_row, tile_grid
+from ._rows import MAX_GRID_Z, MAX_REGISTERS, UNROLL, WARP, lanes_per_row, tile_grid
 from ._specs import check_pack_args
 from ._trailer import CALL, TOKENS, WORDS, trailer_functions
 from ._vector import QUAD, vector_functions
@@ -525,7 +526,7 @@ def pack_send(out, lse, send, stream=None, seq_lens=None, query_start_loc=None,
 
 
 def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank,
-                signed=None):
+                signed=None, tokens=None):
     """``(kernel, grid, block, args)`` of one pack: :class:`DeviceArray` arguments in,
     moved as uint32 words where the 16-bit data and both buffers allow it (the
     LSE's two lanes are then one word).
@@ -536,6 +537,11 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
     (``signature``: the :data:`~._trailer.FIELDS` words, its tokens and call
     number ignored; the call number is ``state[0]``, copied into ``state[1]``
     for the combine, which advances ``state[0]``).
+
+    Rows of one step take a block row per token (``_pack_tokens``) where
+    ``_pack_tokens.by_tokens`` allows; ``tokens`` (``True`` or ``False``) overrides
+    that choice, for the benchmarks and tests (``True`` requires rows of one step
+    read through a flat view, and a grid whose z is ``B``).
     """
     send.require_c_contiguous("send")
     recv.require_c_contiguous("recv")
@@ -548,6 +554,17 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
     signature, state = (dummy_index(), dummy_index()) if signed is None else signed
     group = lanes_per_row(data.shape[2])
     grid, block = tile_grid(send.shape[2], data.shape[0], group, send.shape[0])
+    wide = wide_rows(data.shape[2])
+    if tokens and not by_tokens(data, grid, wide, MAX_GRID_Z):
+        raise ValueError("a pack by tokens moves rows of one step, read through a flat "
+                         "view, a token a block row")
+    if by_tokens(data, grid, wide) if tokens is None else tokens:
+        signs = signed is not None and send.shape[1] > data.shape[0]
+        kernel = tokens_kernel(data.dtype, group, int(num_seqs) >= 0, signs)
+        return kernel, grid, block, (
+            data.span(), lse_bits, seq_lens, query_start_loc, int(num_seqs), send.flat(),
+            recv.flat(), int(self_rank), send.shape[2], send.shape[3], data.shape[2],
+            *element_strides(data), send.shape[1]) + ((signature, state) if signs else ())
     kernel = pack_kernel(data.dtype, group, wide_rows(data.shape[2]), int(num_seqs) >= 0,
                          quad_rows(data, send, recv))
     return kernel, grid, block, (

@@ -71,7 +71,7 @@ def kernels():
     import numpy as np
 
     from cupy_dcp import _floors
-    from cupy_dcp.kernels import agrs, combine, direct, pack
+    from cupy_dcp.kernels import _pack_tokens, agrs, combine, direct, pack
     from cupy_dcp.kernels._format import as_dtype
     sys.path.insert(0, str(ROOT))
     from benchmarks import bare_push
@@ -89,6 +89,14 @@ def kernels():
         for group, wide in ((8, False), (32, False), (32, True)):  # with no mask
             add(f"pack {np.dtype(bits)} group {group}{' wide' if wide else ''} unmasked",
                 pack.pack_kernel(np.dtype(bits), group, wide, False))
+    for bits in (np.uint16, np.uint32):  # a block row per token: masked or not, signed or not
+        for masked in (True, False):
+            for signed in (False, True):
+                add(f"pack {np.dtype(bits)} group 8 by tokens{'' if masked else ' unmasked'}"
+                    f"{' signed' if signed else ''}",
+                    _pack_tokens.tokens_kernel(np.dtype(bits), 8, masked, signed))
+        add(f"pack {np.dtype(bits)} group 32 by tokens", _pack_tokens.tokens_kernel(
+            np.dtype(bits), 32))
     for masked in (True, False):  # wide rows of words, stored as aligned quads
         add(f"pack uint32 group 32 wide{'' if masked else ' unmasked'} quads",
             pack.pack_kernel(np.dtype(np.uint32), 32, True, masked, True))

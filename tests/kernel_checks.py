@@ -63,6 +63,67 @@ def pack_mask(b):
     return seq_lens, qsl, row_mask(b, seq_lens, qsl)
 
 
+def input_in_layout(to_device, x, strided):
+    """``x [B, H, D]`` on the device in layout ``strided`` (see :func:`check_pack`)."""
+    if strided is True or strided == "heads_major":
+        return to_device(np.ascontiguousarray(x.transpose(1, 0, 2))).transpose(1, 0, 2)
+    if strided == "every_other":
+        wide = np.zeros(x.shape[:2] + (2 * x.shape[2],), dtype=x.dtype)
+        wide[:, :, ::2] = x
+        return to_device(wide)[:, :, ::2]
+    if strided == "tokens_reversed":
+        return to_device(np.ascontiguousarray(x[::-1]))[::-1]
+    if strided:
+        raise ValueError(f"unknown layout {strided!r}")
+    return to_device(x)
+
+
+def check_pack_by_tokens(to_device, to_host, dtype, n, b, h, d, rng, strided=False,
+                         masked=False, signed=False, self_rank=-1):
+    """The pack a block row per token (``_pack_tokens``) and the pack of ``pack``'s
+    kernels, each asked for by ``pack_launch(..., tokens=)``, write the same bits:
+    ``pack_reference``'s rows (chunk ``self_rank`` into the receive buffer, the others
+    into the send buffer, nothing else written but a plan's trailer) and, ``signed``,
+    the same trailer words and call numbers. ``strided``: ``False`` or ``"heads_major"``
+    (rows read through a flat view, as this kernel requires)."""
+    from cupy_dcp.kernels._arrays import dummy_index, kernel_array
+    from cupy_dcp.kernels._trailer import trailer_rows
+    from cupy_dcp.kernels.pack import pack_launch
+
+    xs, ls = make_inputs(rng, 1, b, h, d, dtype)
+    x, lse = xs[0], ls[0]
+    dev_x, dev_lse = input_in_layout(to_device, x, strided), to_device(lse)
+    bits = bits_dtype(dtype)
+    width = d + lse_pack_dim(dtype)
+    rows = b + (trailer_rows(h // n, width, bits.itemsize) if signed else 0)
+    mask, index = None, (dummy_index(), dummy_index(), -1)
+    if masked:
+        seq_lens, qsl, mask = pack_mask(b)
+        index = (kernel_array(to_device(seq_lens), np.int64),
+                 kernel_array(to_device(qsl), np.int64), len(seq_lens))
+    signature = to_device(np.array([0x5DC97A11, 0, h, d, 2, 1, 0, 0], np.int64))
+    expect = pack_reference(x, lse, n, mask=mask).view(bits)
+    got = []
+    for tokens in (False, True):
+        send = to_device(np.zeros((n, rows, h // n, width), bits))
+        recv = to_device(np.zeros((n, rows, h // n, width), bits))
+        state = to_device(np.array([41, 0], np.int64))
+        sign = (kernel_array(signature, np.int64), kernel_array(state, np.int64)) \
+            if signed else None
+        kernel, grid, block, args = pack_launch(
+            kernel_array(dev_x, bits), kernel_array(dev_lse, np.uint32), *index,
+            kernel_array(send, bits), kernel_array(recv, bits), self_rank, sign, tokens=tokens)
+        kernel(grid, block, 0, args)
+        got.append((to_host(send), to_host(recv), to_host(state)))
+        send, recv, state = got[-1]
+        for r in range(n):
+            np.testing.assert_array_equal((recv if r == self_rank else send)[r, :b], expect[r])
+            assert not (send if r == self_rank else recv)[r].any(), (tokens, r)
+        assert state.tolist() == ([41, 41] if signed else [41, 0]), tokens
+    for way, other in zip(got[0], got[1]):
+        np.testing.assert_array_equal(way, other)
+
+
 def check_pack(to_device, to_host, dtype, n, b, h, d, rng, strided=False, lse_dtype=np.float32,
                masked=False):
     """pack_send is bit-exact against pack_reference. ``strided``: the input's layout,
@@ -73,18 +134,7 @@ def check_pack(to_device, to_host, dtype, n, b, h, d, rng, strided=False, lse_dt
     whose empty tokens carry -inf."""
     xs, ls = make_inputs(rng, 1, b, h, d, dtype)
     x, lse = xs[0], ls[0]
-    if strided is True or strided == "heads_major":
-        dev_x = to_device(np.ascontiguousarray(x.transpose(1, 0, 2))).transpose(1, 0, 2)
-    elif strided == "every_other":
-        wide = np.zeros((b, h, 2 * d), dtype=dtype)
-        wide[:, :, ::2] = x
-        dev_x = to_device(wide)[:, :, ::2]
-    elif strided == "tokens_reversed":
-        dev_x = to_device(np.ascontiguousarray(x[::-1]))[::-1]
-    elif strided:
-        raise ValueError(f"unknown layout {strided!r}")
-    else:
-        dev_x = to_device(x)
+    dev_x = input_in_layout(to_device, x, strided)
     send = to_device(np.zeros((n, b, h // n, d + lse_pack_dim(dtype)), dtype=dtype))
     mask, kwargs = None, {}
     if masked:
@@ -143,10 +193,13 @@ def check_pack_quads(to_device, to_host, dtype, n, b, h, d, rng):
                 if masked:
                     seq_lens, qsl, mask = pack_mask(b)
                     kwargs = dict(seq_lens=to_device(seq_lens), query_start_loc=to_device(qsl))
+                picked.clear()
                 pack_send(dev_x, to_device(lse), send, **kwargs)
                 expect = pack_reference(x, lse, n, mask=mask)
                 np.testing.assert_array_equal(to_host(send).view(bits), expect.view(bits))
-                assert picked[-1] == (quads and x_at == send_at == 0), (x_at, send_at)
+                # (rows of one step may go a block row per token, never asking about quads)
+                took = picked[-1] if picked else False
+                assert took == (quads and x_at == send_at == 0), (x_at, send_at)
     finally:
         pack.quad_rows = quad_rows
 

@@ -6,7 +6,8 @@ import pytest
 from gpu import requires_gpu
 from kernel_checks import (DTYPES, PACK_LAYOUTS, QUAD_CASES, check_bare_push, check_combine,
                            check_copy_floor, check_direct, check_direct_missing_peer,
-                           check_direct_quads, check_pack, check_pack_bf16x2, check_pack_quads)
+                           check_direct_quads, check_pack, check_pack_bf16x2,
+                           check_pack_by_tokens, check_pack_quads)
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -45,6 +46,22 @@ def test_pack_bit_exact(dtype, d, monkeypatch):
     monkeypatch.setattr(_rows, "MAX_BLOCKS", 1)  # blocks loop over tokens, two a trip
     for layout in (False,) + PACK_LAYOUTS:
         check_pack(to_device, to_host, dtype, 2, 7, 4, d, rng, strided=layout, masked=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(2, 3, 4, 1), (2, 64, 32, 128), (8, 32, 32, 128),
+                                   (4, 33, 128, 256), (2, 5, 8, 77)],
+                         ids=lambda s: "N%dB%dH%dD%d" % s)
+def test_pack_by_tokens_writes_the_bits_of_the_other_packs(dtype, shape):
+    """Compiled, the pack a block row per token and ``pack``'s kernels give the same
+    bits: the reference's rows, masked or not, routed or not, a plan's trailer or not."""
+    to_device, to_host = cupy_io()
+    rng = np.random.default_rng(sum(shape))
+    for strided in (False, "heads_major"):
+        for masked in (False, True):
+            for signed, self_rank in ((False, -1), (True, 1), (False, shape[0] - 1)):
+                check_pack_by_tokens(to_device, to_host, dtype, *shape, rng, strided, masked,
+                                     signed, self_rank)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

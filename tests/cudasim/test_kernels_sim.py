@@ -11,7 +11,7 @@ from numba import cuda  # the simulator's, swapped in for the kernels' global ``
 from kernel_checks import (DTYPES, PACK_LAYOUTS, QUAD_CASES, at_word, check_agrs,
                            check_bare_push, check_combine, check_direct,
                            check_direct_missing_peer, check_direct_quads, check_pack,
-                           check_pack_bf16x2, check_pack_quads)
+                           check_pack_bf16x2, check_pack_by_tokens, check_pack_quads)
 
 
 def ident(x):
@@ -32,6 +32,51 @@ PACK_SHAPES = SHAPES + [(2, 1, 2, 577), (2, 2, 2, 600)]
 @pytest.mark.parametrize("shape", PACK_SHAPES, ids=lambda s: "N%dB%dH%dD%d" % s)
 def test_pack_bit_exact(dtype, shape):
     check_pack(ident, host, dtype, *shape, np.random.default_rng(sum(shape)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(2, 3, 4, 1), (3, 4, 6, 7), (2, 3, 4, 72), (8, 3, 8, 33)],
+                         ids=lambda s: "N%dB%dH%dD%d" % s)
+def test_pack_by_tokens_writes_the_bits_of_the_other_packs(dtype, shape):
+    """The pack a block row per token and ``pack``'s kernels: the reference's rows,
+    masked or not, rows unit-stride or heads-major, routed to the receive buffer or
+    not, with a plan's trailer or without, the same bits."""
+    rng = np.random.default_rng(sum(shape))
+    for strided in (False, "heads_major"):
+        for masked in (False, True):
+            for signed, self_rank in ((False, -1), (True, 1), (False, shape[0] - 1)):
+                check_pack_by_tokens(ident, host, dtype, *shape, rng, strided, masked, signed,
+                                     self_rank)
+
+
+def test_pack_by_tokens_where_the_rule_allows():
+    """``pack_launch`` picks the pack a block row per token for rows of one step read
+    through a flat view, at few tokens or few bytes, and ``pack``'s kernels otherwise;
+    asked for it where it cannot run, it says so."""
+    from cupy_dcp.kernels import _pack_tokens
+    from cupy_dcp.kernels._arrays import dummy_index, kernel_array
+    from cupy_dcp.kernels.pack import pack_launch
+
+    def picked(b, h, d, strides=None, n=2, **kwargs):
+        x = np.zeros((b, h, d), np.float32)
+        if strides == "every_other":
+            x = np.zeros((b, h, 2 * d), np.float32)[:, :, ::2]
+        send = np.zeros((n, b, h // n, d + 1), np.float32)
+        kernel = pack_launch(kernel_array(x, np.uint32), kernel_array(np.zeros((b, h),
+                             np.float32), np.uint32), dummy_index(), dummy_index(), -1,
+                             kernel_array(send, np.uint32), kernel_array(send, np.uint32), -1,
+                             **kwargs)[0]
+        return kernel._dispatcher.py_func.__module__.endswith("_pack_tokens")
+
+    assert picked(1, 8, 64) and picked(256, 32, 128)
+    big = _pack_tokens.TOKEN_BYTES_MOST // (4 * 64 * 128)  # tokens of 8 MiB at 64 x 128
+    assert picked(big, 64, 128) and not picked(big + 1, 64, 128)
+    assert picked(_pack_tokens.TOKEN_BLOCKS_MOST + 1, 2, 8)  # few bytes
+    assert not picked(4, 8, 600)  # rows of two steps
+    assert not picked(4, 8, 64, "every_other")  # rows read through their strides
+    assert not picked(4, 8, 64, tokens=False)
+    with pytest.raises(ValueError, match="by tokens"):
+        picked(4, 8, 64, "every_other", tokens=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

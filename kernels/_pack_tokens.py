@@ -1,0 +1,215 @@
+"""The pack of rows that fit one step, a block row per token: no loop, scalar arguments.
+
+At decode sizes the pack's time is the chain of instructions before a row's
+first load and after its last store, as for the combine (``_blocks``). This
+kernel has the shortest such chain of the packs: the grid of ``_rows.tile_grid``
+with exactly one token per block along z (grid ``(x, N, B)``), so there is no
+loop over tokens; the input is read through its flat view (``DeviceArray.span``)
+at its strides in elements, passed as scalars, and the buffers are written
+through flat views, their shape passed as scalars (``heads``, ``width``,
+``chunk_tokens``), so that no 3-d or 4-d view's shape and strides are passed or
+read. A group of ``group`` lanes a row, each lane loading its (at most
+:data:`~._rows.UNROLL`) elements before it stores any; the row's first lane
+loads the LSE bits (and a mask's words) beside them and judges the mask after
+the row's stores. The same bits as ``pack``'s kernels.
+
+A plan's buffers carry a trailer (``_trailer``): the ``signed`` twin also takes
+the plan's ``(signature, state)``, and the threads of the first token's first
+rank's blocks load the trailer's words before their rows and write every
+chunk's trailer, found flat right after its ``B`` token rows, after them.
+"""
+
+import functools
+
+import numpy as np
+from numba import config, cuda
+
+from numba.core import types
+
+from ._format import LSE_HALF_BITS, LSE_HALF_MASK
+from ._launch import SpecializedKernel, array_type
+from ._rows import MAX_GRID_Z, MAX_REGISTERS, UNROLL, WARP
+from ._trailer import CALL, TOKENS, WORDS
+
+__all__ = ["TOKEN_BLOCKS_MOST", "TOKEN_BYTES_MOST", "by_tokens", "element_strides", "tokens_kernel"]
+
+# This kernel takes at most TOKEN_BLOCKS_MOST tokens, or more where the input holds at
+# most TOKEN_BYTES_MOST bytes: beyond both, ``pack``'s kernels were as fast or faster in
+# some cells on an H200 (``benchmarks/NOTES.md``, 2026-12-04, seventh).
+TOKEN_BLOCKS_MOST = 256
+TOKEN_BYTES_MOST = 8 << 20
+
+
+def by_tokens(data, grid, wide, most=None):
+    """Whether a pack of ``data`` (:class:`DeviceArray`, ``[B, H, D]`` as the kernel
+    moves it) on ``grid`` (``_rows.tile_grid``'s) takes this kernel: rows of one step
+    (not ``wide``), read through a flat view (:meth:`DeviceArray.span` not empty),
+    a block row for each token (the grid's z is B), and at most ``most`` tokens
+    (``None``: :data:`TOKEN_BLOCKS_MOST`, or any number where ``data`` holds at most
+    :data:`TOKEN_BYTES_MOST` bytes)."""
+    tokens = data.shape[0]
+    if most is None:
+        most = MAX_GRID_Z if data.size * data.dtype.itemsize <= TOKEN_BYTES_MOST else \
+            TOKEN_BLOCKS_MOST
+    return not wide and 0 < tokens <= min(most, MAX_GRID_Z) and \
+        grid[2] == tokens and data.span().shape[0] > 0
+
+
+def element_strides(data):
+    """``data``'s token and head strides in elements (0 along an axis of one)."""
+    item = data.dtype.itemsize
+    return tuple(stride // item if extent > 1 else 0
+                 for extent, stride in zip(data.shape[:2], data.strides[:2]))
+
+
+@functools.cache
+def _tokens_kernel(group, half, masked, signed):
+    from .pack import lse_bits_steps  # (pack imports this module)
+
+    row_lse_fetch, row_lse_of = lse_bits_steps()
+    lse_mask, lse_shift = np.uint32(LSE_HALF_MASK), np.uint32(LSE_HALF_BITS)
+    u32, u64 = np.uint32, np.uint64
+    u_group, per_warp, last = u32(group), u32(WARP // group), u32((UNROLL - 1) * group)
+    u_words, u_tokens, u_call = u32(WORDS), u32(TOKENS), u32(CALL)
+    low32, low16, sixteen = np.int64(0xFFFFFFFF), np.uint32(0xFFFF), np.uint32(16)
+    jit = cuda.jit(device=True)
+
+    @jit
+    def put_word(dst, at, f, value):
+        """Word ``f`` of a trailer that starts at element ``at`` of ``dst``."""
+        if half:
+            dst[at + u64(u32(2) * f)] = value & low16
+            dst[at + u64(u32(2) * f + u32(1))] = value >> sixteen
+        else:
+            dst[at + u64(f)] = value
+
+    @jit
+    def pack_row(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank,
+                 heads, width, d_count, s0, s1, chunk_tokens):
+        tx = u32(cuda.threadIdx.x)
+        lane = u32(tx % u_group)
+        warp = u32(u32(cuda.blockIdx.x) * u32(cuda.blockDim.y) + u32(cuda.threadIdx.y))
+        h = u32(u32(warp * per_warp) + u32(tx // u_group))
+        hn = u32(heads)
+        if h >= hn:
+            return
+        r = u32(cuda.blockIdx.y)
+        b = u32(cuda.blockIdx.z)
+        d = u32(d_count)
+        head = u32(u32(r * hn) + h)
+        buf = cuda.local.array(UNROLL, send.dtype)
+        src = u64(b) * u64(s0) + u64(head) * u64(s1) + u64(lane)
+        whole = u32(lane + last) < d  # every element of the lane's step in the row
+        if whole:
+            for k in range(UNROLL):
+                buf[k] = data[src + u64(k * group)]
+        else:
+            for k in range(UNROLL):
+                if u32(lane + u32(k * group)) < d:
+                    buf[k] = data[src + u64(k * group)]
+        first = lane == u32(0)
+        bits = np.uint32(0)
+        fetched = (np.uint32(0), (np.int64(0), np.int64(0), np.int64(0)))
+        if first:
+            if masked:
+                fetched = row_lse_fetch(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)
+            else:
+                bits = np.uint32(lse_bits[b, head])
+        # our own chunk skips the exchange: it goes straight to the receive buffer
+        dst = recv if self_rank >= 0 and np.int64(r) == self_rank else send
+        row = u64(u32(u32(u32(r * u32(chunk_tokens)) + b) * hn) + h) * u64(width)
+        at = row + u64(lane)
+        if whole:
+            for k in range(UNROLL):
+                dst[at + u64(k * group)] = buf[k]
+        else:
+            for k in range(UNROLL):
+                if u32(lane + u32(k * group)) < d:
+                    dst[at + u64(k * group)] = buf[k]
+        if first:
+            if masked:
+                bits = row_lse_of(fetched, b, seq_lens, query_start_loc, num_seqs)
+            end = row + u64(d)
+            if u32(u32(width) - d) == u32(1):
+                dst[end] = bits
+            else:
+                dst[end] = bits & lse_mask
+                dst[end + u64(1)] = (bits >> lse_shift) & lse_mask
+
+    limits = {} if config.ENABLE_CUDASIM else {"max_registers": MAX_REGISTERS}
+
+    if not signed:
+        @cuda.jit(**limits)
+        def pack(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank,
+                 heads, width, d_count, s0, s1, chunk_tokens):
+            pack_row(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
+                     self_rank, heads, width, d_count, s0, s1, chunk_tokens)
+
+        return pack
+
+    @cuda.jit(**limits)
+    def signed_pack(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
+                    self_rank, heads, width, d_count, s0, s1, chunk_tokens, signature, state):
+        # The first token's first rank's blocks sign every chunk: their threads 0 ..
+        # N * WORDS - 1 load what they write before their rows and write it after, so
+        # that no row waits on those loads. state[0] is read here and written only by
+        # the combine, state[1] the reverse. The other blocks skip even the set-up.
+        signs = cuda.blockIdx.y == 0 and cuda.blockIdx.z == 0
+        words = u32(u32(cuda.gridDim.y) * u_words) if signs else u32(0)
+        t = t_step = u32(0)
+        count = np.int64(0)
+        word = np.uint32(0)
+        if signs:
+            per_block = u32(u32(cuda.blockDim.x) * u32(cuda.blockDim.y))
+            t = u32(u32(u32(cuda.blockIdx.x) * per_block) +
+                    u32(u32(u32(cuda.threadIdx.y) * u32(cuda.blockDim.x)) + u32(cuda.threadIdx.x)))
+            t_step = u32(u32(cuda.gridDim.x) * per_block)
+            if t < words:
+                count = state[0]
+                word = np.uint32(signature[t % u_words])
+        pack_row(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank,
+                 heads, width, d_count, s0, s1, chunk_tokens)
+        if t < words:
+            if t == u32(0):
+                state[1] = count
+            call = np.uint32(count & low32)
+            tokens = u32(cuda.gridDim.z)
+            rows = u64(u32(heads)) * u64(width)  # a token's elements in a chunk
+            while True:
+                chunk, f = u32(t // u_words), u32(t % u_words)
+                value = word
+                if f == u_tokens:
+                    value = tokens
+                elif f == u_call:
+                    value = call
+                at = (u64(chunk) * u64(chunk_tokens) + u64(tokens)) * rows
+                if self_rank >= 0 and np.int64(chunk) == self_rank:
+                    put_word(recv, at, f, value)
+                else:
+                    put_word(send, at, f, value)
+                t = u32(t + t_step)
+                if t >= words:
+                    break
+                word = np.uint32(signature[t % u_words])
+
+    return signed_pack
+
+
+@functools.cache
+def tokens_kernel(bits, group, masked=True, signed=False):
+    """This kernel for element bits ``bits`` (uint16 or uint32), ``group`` lanes a
+    row, with a mask or without one (``masked``: one without reads no ``seq_lens``),
+    and signing a plan's trailer (``signed``). Its arguments: ``data.span()`` (the
+    input ``[B, H, D]``'s flat view), the LSE bits ``[B, H]`` (uint32), ``seq_lens``,
+    ``query_start_loc``, ``num_seqs`` (as ``pack.pack_launch`` takes them), flat views
+    of ``send`` and ``recv`` ``[N, B', H/N, W]``, ``self_rank``, then ``H/N``, ``W``,
+    ``D``, the input's token and head strides in elements (:func:`element_strides`)
+    and ``B'``; ``signed``: then the plan's ``(signature, state)``. Launched on
+    ``tile_grid(H/N, B, group, N)`` with its z equal to ``B`` (:func:`by_tokens`)."""
+    i64 = types.int64
+    flat = array_type(bits, 1, True)
+    index = array_type(np.int64, 1, True)
+    argtypes = (flat, array_type(np.uint32, 2, False), index, index, i64, flat, flat, i64,
+                i64, i64, i64, i64, i64, i64) + ((index, index) if signed else ())
+    return SpecializedKernel(_tokens_kernel(group, np.dtype(bits).itemsize == 2,
+                                            bool(masked), bool(signed)), argtypes)
