@@ -58,10 +58,11 @@ def a2a_tasks(dtype, head_dim, world_size=0, standalone=False):
         tasks = [functools.partial(pack_kernel, np.dtype(bits), group, wide, masked,
                                    wide and np.dtype(bits).itemsize == 4)
                  for masked in (True, False)]
-        if not wide:
-            tasks += [functools.partial(tokens_kernel, np.dtype(bits), group, masked, signed)
+        if not wide:  # (signed: the rows' blocks sign, or a lead plane of blocks does)
+            tasks += [functools.partial(tokens_kernel, np.dtype(bits), group, masked, *signs)
                       for masked in (True, False)
-                      for signed in ((True, False) if standalone else (True,))]
+                      for signs in (((True, False), (True, True), (False, False)) if standalone
+                                    else ((True, False), (True, True)))]
         return tasks
 
     if bits.itemsize == 2 and D % 2 == 0:  # words, and bfloat16 and float16 in pairs

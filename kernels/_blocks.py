@@ -15,9 +15,11 @@ sum) and stores once; its thread 0 writes the global LSE. The same sums in the
 same order as ``_slices`` and the combine for any N, so the same bits.
 
 A plan's buffer carries a trailer (``_trailer``): the ``signed`` twin also
-takes the buffer's 4-d bits view and the plan's ``(status, state)``, and the
-blocks of the first token compare every peer's trailer with rank 0's, their
-threads loading the words before the row and comparing after it.
+takes the buffer's 4-d bits view and the plan's ``(status, state)`` and runs on
+one more block along x, the first, dispatched before the rows' blocks: the first
+token's such block compares every peer's trailer with rank 0's while the others
+combine, so that no row waits on the check (checked by the rows' blocks, the
+trailer cost up to 0.3 us a call at B <= 8 on an H200: ``benchmarks/NOTES.md``).
 """
 
 import functools
@@ -28,7 +30,7 @@ from numba import cuda
 from ._codecs import RAW, RAW_BITS, codec_functions
 from ._device import device_functions, held_weights, inline_device
 from ._slices import flat_lse_reader, shard_sums
-from ._trailer import WORDS, combine_checks
+from ._trailer import WORDS, combine_checks, trailer_functions
 
 __all__ = ["BLOCK_THREADS", "blocks_kernel"]
 
@@ -36,10 +38,10 @@ BLOCK_THREADS = 128  # the threads of a row's block: four warps
 
 
 @functools.cache
-def _row_combiner(codec, shards, per, threads):
+def _row_combiner(codec, shards, per, threads, lead=False):
     """Device function ``combine_row(flat_vals, flat_bits, out, out_lse, write_lse, base_e,
     heads, width, chunk)``: this block's row of ``threads`` threads, combined (see the
-    module docstring)."""
+    module docstring); ``lead``: the grid's x has one block before the rows'."""
     encode = codec_functions(codec)[4]
     raw = RAW[codec]
     read_lse = flat_lse_reader(codec)
@@ -54,7 +56,7 @@ def _row_combiner(codec, shards, per, threads):
                     chunk):
         # Offsets within a row are uint32 (each uint32 result cast back, so that NVVM
         # computes it in 32 bits); a row's start and a rank's chunk are 64-bit.
-        h = u32(cuda.blockIdx.x)
+        h = u32(u32(cuda.blockIdx.x) - u32(1)) if lead else u32(cuda.blockIdx.x)
         b = u32(cuda.blockIdx.y)
         t = u32(cuda.threadIdx.x)
         d_count = u32(out.shape[2])
@@ -93,9 +95,10 @@ def blocks_kernel(codec, shards, per, signed=False, threads=BLOCK_THREADS):
     flag, and ``H/N``, ``width`` and one rank's chunk ``B' * H/N * width`` in elements.
     ``signed``: the kernel takes ``(bits, status, state)`` after them (the buffer's
     4-d bits view and a plan's status and state, as ``combine.combine_launch``
-    documents) and checks the trailer. Launched on ``(H/N, B)`` blocks of ``threads``
-    threads (a multiple of 32, at most :data:`BLOCK_THREADS`)."""
-    combine_row = _row_combiner(codec, shards, per, threads)
+    documents) and checks the trailer. Launched on ``(H/N, B)`` blocks (``(H/N + 1,
+    B)`` where ``signed``) of ``threads`` threads (a multiple of 32, at most
+    :data:`BLOCK_THREADS`)."""
+    combine_row = _row_combiner(codec, shards, per, threads, signed)
     if not signed:
         @cuda.jit
         def combine(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
@@ -105,24 +108,31 @@ def blocks_kernel(codec, shards, per, signed=False, threads=BLOCK_THREADS):
 
         return combine
 
-    begin_checks, finish_checks = combine_checks(RAW_BITS[codec].itemsize == 2)
+    finish_checks = combine_checks(RAW_BITS[codec].itemsize == 2)[1]
+    check_words = trailer_functions(RAW_BITS[codec].itemsize == 2)[3]
     u64 = np.uint64
     checked = u64((shards - 1) * WORDS)  # the trailer words a signed call compares
 
     @cuda.jit
     def signed_combine(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
                        chunk, bits, status, state):
+        # The grid's x is H/N + 1: blocks x = h + 1 combine head h, and the first token's
+        # block x = 0 (dispatched first) checks the trailer meanwhile, off the rows' path
+        if cuda.blockIdx.x != 0:
+            combine_row(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
+                        chunk)
+            return
         tokens = u64(out.shape[0])
-        # the first token's blocks check the trailer; the others skip even the set-up
-        first = cuda.blockIdx.y == 0 and u64(bits.shape[1]) > tokens
-        t = t_step = u64(0)
+        if cuda.blockIdx.y != 0 or u64(bits.shape[1]) <= tokens:  # (no trailer rows)
+            return
+        t, t_step = u64(cuda.threadIdx.x), u64(cuda.blockDim.x)
         count = np.int64(0)
+        if t == u64(0):
+            count = state[1]
         ours = theirs = np.uint32(0)
-        if first:
-            t, t_step, count, ours, theirs = begin_checks(bits, state, tokens, first, checked)
-        combine_row(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width, chunk)
-        if first:
-            finish_checks(bits, status, state, tokens, first, checked, t, t_step, count, ours,
-                          theirs)
+        if t < checked:
+            ours, theirs = check_words(bits, tokens, t)
+        finish_checks(bits, status, state, tokens, True, checked, t, t_step, count, ours,
+                      theirs)
 
     return signed_combine

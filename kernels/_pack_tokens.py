@@ -14,9 +14,13 @@ loads the LSE bits (and a mask's words) beside them and judges the mask after
 the row's stores. The same bits as ``pack``'s kernels.
 
 A plan's buffers carry a trailer (``_trailer``): the ``signed`` twin also takes
-the plan's ``(signature, state)``, and the threads of the first token's first
-rank's blocks load the trailer's words before their rows and write every
-chunk's trailer, found flat right after its ``B`` token rows, after them.
+the plan's ``(signature, state)`` and writes every chunk's trailer, found flat
+right after its ``B`` token rows. Where the grid is small (:func:`signs_ahead`) a
+block of its own signs, in one more plane along z dispatched before the rows'
+(the ``lead`` twin), so that no row's block does more than its row; elsewhere
+the threads of the first token's first rank's blocks load the trailer's words
+before their rows and write them after, where the rows of other blocks hide
+them (a plane of blocks more costs more there: ``benchmarks/NOTES.md``).
 """
 
 import functools
@@ -31,13 +35,18 @@ from ._launch import SpecializedKernel, array_type
 from ._rows import MAX_GRID_Z, MAX_REGISTERS, UNROLL, WARP
 from ._trailer import CALL, TOKENS, WORDS
 
-__all__ = ["TOKEN_BLOCKS_MOST", "TOKEN_BYTES_MOST", "by_tokens", "element_strides", "tokens_kernel"]
+__all__ = ["LEAD_MOST_BLOCKS", "TOKEN_BLOCKS_MOST", "TOKEN_BYTES_MOST", "by_tokens",
+           "element_strides", "signs_ahead", "tokens_kernel"]
 
 # This kernel takes at most TOKEN_BLOCKS_MOST tokens, or more where the input holds at
 # most TOKEN_BYTES_MOST bytes: beyond both, ``pack``'s kernels were as fast or faster in
 # some cells on an H200 (``benchmarks/NOTES.md``, 2026-12-04, seventh).
 TOKEN_BLOCKS_MOST = 256
 TOKEN_BYTES_MOST = 8 << 20
+# The most blocks of a signed pack that signs in a plane of blocks of its own: on an
+# H200 that saved 0.04-0.13 us a call up to 64 blocks and cost up to 0.35 us from 256
+# (``benchmarks/NOTES.md``, 2026-12-04, seventh).
+LEAD_MOST_BLOCKS = 64
 
 
 def by_tokens(data, grid, wide, most=None):
@@ -55,6 +64,13 @@ def by_tokens(data, grid, wide, most=None):
         grid[2] == tokens and data.span().shape[0] > 0
 
 
+def signs_ahead(grid):
+    """Whether a signed pack on ``grid`` (:func:`by_tokens`'s) signs in a plane of its
+    own (the ``lead`` twin of :func:`tokens_kernel`): at most :data:`LEAD_MOST_BLOCKS`
+    blocks."""
+    return grid[0] * grid[1] * grid[2] <= LEAD_MOST_BLOCKS
+
+
 def element_strides(data):
     """``data``'s token and head strides in elements (0 along an axis of one)."""
     item = data.dtype.itemsize
@@ -63,7 +79,8 @@ def element_strides(data):
 
 
 @functools.cache
-def _tokens_kernel(group, half, masked, signed):
+def _tokens_kernel(group, half, masked, signed, lead=False):
+    lead = lead and signed
     from .pack import lse_bits_steps  # (pack imports this module)
 
     row_lse_fetch, row_lse_of = lse_bits_steps()
@@ -94,7 +111,7 @@ def _tokens_kernel(group, half, masked, signed):
         if h >= hn:
             return
         r = u32(cuda.blockIdx.y)
-        b = u32(cuda.blockIdx.z)
+        b = u32(u32(cuda.blockIdx.z) - u32(1)) if lead else u32(cuda.blockIdx.z)
         d = u32(d_count)
         head = u32(u32(r * hn) + h)
         buf = cuda.local.array(UNROLL, send.dtype)
@@ -147,6 +164,56 @@ def _tokens_kernel(group, half, masked, signed):
 
         return pack
 
+    @jit
+    def sign(send, recv, self_rank, signature, state, heads, width, chunk_tokens, tokens, t,
+             t_step, words, count, word):
+        """Words ``t, t + t_step, ...`` (below ``words``) of every chunk's trailer, right
+        after its ``tokens`` token rows; ``count`` (``state[0]``) and ``word``
+        (``signature[t % WORDS]``) loaded by the caller; thread 0 copies ``count`` into
+        ``state[1]`` for the combine."""
+        if t == u32(0):
+            state[1] = count
+        call = np.uint32(count & low32)
+        rows = u64(u32(heads)) * u64(width)  # a token's elements in a chunk
+        while True:
+            chunk, f = u32(t // u_words), u32(t % u_words)
+            value = word
+            if f == u_tokens:
+                value = tokens
+            elif f == u_call:
+                value = call
+            at = (u64(chunk) * u64(chunk_tokens) + u64(tokens)) * rows
+            if self_rank >= 0 and np.int64(chunk) == self_rank:
+                put_word(recv, at, f, value)
+            else:
+                put_word(send, at, f, value)
+            t = u32(t + t_step)
+            if t >= words:
+                break
+            word = np.uint32(signature[t % u_words])
+
+    if lead:
+        @cuda.jit(**limits)
+        def lead_pack(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
+                      self_rank, heads, width, d_count, s0, s1, chunk_tokens, signature, state):
+            # The grid's z is B + 1: blocks z = b + 1 pack token b, and the first block
+            # of z = 0 (dispatched first) signs every chunk meanwhile, off the rows' path
+            if cuda.blockIdx.z != 0:
+                pack_row(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
+                         self_rank, heads, width, d_count, s0, s1, chunk_tokens)
+                return
+            if cuda.blockIdx.x != 0 or cuda.blockIdx.y != 0:
+                return
+            t = u32(u32(u32(cuda.threadIdx.y) * u32(cuda.blockDim.x)) + u32(cuda.threadIdx.x))
+            words = u32(u32(cuda.gridDim.y) * u_words)
+            if t < words:
+                sign(send, recv, self_rank, signature, state, heads, width, chunk_tokens,
+                     u32(u32(cuda.gridDim.z) - u32(1)), t,
+                     u32(u32(cuda.blockDim.x) * u32(cuda.blockDim.y)), words, state[0],
+                     np.uint32(signature[t % u_words]))
+
+        return lead_pack
+
     @cuda.jit(**limits)
     def signed_pack(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
                     self_rank, heads, width, d_count, s0, s1, chunk_tokens, signature, state):
@@ -170,33 +237,14 @@ def _tokens_kernel(group, half, masked, signed):
         pack_row(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank,
                  heads, width, d_count, s0, s1, chunk_tokens)
         if t < words:
-            if t == u32(0):
-                state[1] = count
-            call = np.uint32(count & low32)
-            tokens = u32(cuda.gridDim.z)
-            rows = u64(u32(heads)) * u64(width)  # a token's elements in a chunk
-            while True:
-                chunk, f = u32(t // u_words), u32(t % u_words)
-                value = word
-                if f == u_tokens:
-                    value = tokens
-                elif f == u_call:
-                    value = call
-                at = (u64(chunk) * u64(chunk_tokens) + u64(tokens)) * rows
-                if self_rank >= 0 and np.int64(chunk) == self_rank:
-                    put_word(recv, at, f, value)
-                else:
-                    put_word(send, at, f, value)
-                t = u32(t + t_step)
-                if t >= words:
-                    break
-                word = np.uint32(signature[t % u_words])
+            sign(send, recv, self_rank, signature, state, heads, width, chunk_tokens,
+                 u32(cuda.gridDim.z), t, t_step, words, count, word)
 
     return signed_pack
 
 
 @functools.cache
-def tokens_kernel(bits, group, masked=True, signed=False):
+def tokens_kernel(bits, group, masked=True, signed=False, lead=False):
     """This kernel for element bits ``bits`` (uint16 or uint32), ``group`` lanes a
     row, with a mask or without one (``masked``: one without reads no ``seq_lens``),
     and signing a plan's trailer (``signed``). Its arguments: ``data.span()`` (the
@@ -205,11 +253,13 @@ def tokens_kernel(bits, group, masked=True, signed=False):
     of ``send`` and ``recv`` ``[N, B', H/N, W]``, ``self_rank``, then ``H/N``, ``W``,
     ``D``, the input's token and head strides in elements (:func:`element_strides`)
     and ``B'``; ``signed``: then the plan's ``(signature, state)``. Launched on
-    ``tile_grid(H/N, B, group, N)`` with its z equal to ``B`` (:func:`by_tokens`)."""
+    ``tile_grid(H/N, B, group, N)`` with its z equal to ``B`` (:func:`by_tokens`);
+    ``lead`` (signed only): with one more plane along z, the first, whose first block
+    signs the chunks (:func:`signs_ahead`)."""
     i64 = types.int64
     flat = array_type(bits, 1, True)
     index = array_type(np.int64, 1, True)
     argtypes = (flat, array_type(np.uint32, 2, False), index, index, i64, flat, flat, i64,
                 i64, i64, i64, i64, i64, i64) + ((index, index) if signed else ())
     return SpecializedKernel(_tokens_kernel(group, np.dtype(bits).itemsize == 2,
-                                            bool(masked), bool(signed)), argtypes)
+                                            bool(masked), bool(signed), bool(lead)), argtypes)

@@ -395,7 +395,8 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None
 
     For N from 2 to :data:`MAX_STATIC_SHARDS`, a combine that :func:`by_blocks`
     allows runs a block of :func:`block_threads` threads a row, on grid ``(H/N, B,
-    1)``; the others run on ``_rows.tile_grid``.
+    1)`` (``(H/N + 1, B, 1)`` where ``signed``: the first block checks the trailer,
+    ``_blocks``); the others run on ``_rows.tile_grid``.
     """
     codec, value = combine_codec(dtype)
     recv_bits.require_c_contiguous("recv")
@@ -420,7 +421,8 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None
                 int(bool(is_lse_base_on_e)), heads, width, chunk_tokens * heads * width)
         if signed is not None:
             args += (recv_bits, status, state)
-        return kernel, (out.shape[1], out.shape[0], 1), (threads, 1), args
+        return kernel, (out.shape[1] + (signed is not None), out.shape[0], 1), (threads, 1), \
+            args
     group, unroll, slices = _combine_shape(out.shape[2], rows, shards)
     warps = block_warps(_warps(out.shape[2], rows, unroll)) if slices else None
     grid, block = tile_grid(out.shape[1], out.shape[0], group, slices, warps)

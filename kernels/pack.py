@@ -28,7 +28,7 @@ from ._device import device_functions
 from ._format import LSE_HALF_BITS, LSE_HALF_MASK
 from ._launch import SpecializedKernel, array_type
 from ._math import NEG_INF_BITS
-from ._pack_tokens import by_tokens, element_strides, tokens_kernel
+from ._pack_tokens import by_tokens, element_strides, signs_ahead, tokens_kernel
 from ._quad_rows import quad_row_packer
 from ._rows import MAX_GRID_Z, MAX_REGISTERS, UNROLL, WARP, lanes_per_row, tile_grid
 from ._specs import check_pack_args
@@ -560,7 +560,10 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
                          "view, a token a block row")
     if by_tokens(data, grid, wide) if tokens is None else tokens:
         signs = signed is not None and send.shape[1] > data.shape[0]
-        kernel = tokens_kernel(data.dtype, group, int(num_seqs) >= 0, signs)
+        lead = signs and signs_ahead(grid)
+        kernel = tokens_kernel(data.dtype, group, int(num_seqs) >= 0, signs, lead)
+        if lead:  # a plane of blocks before the rows': its first block signs
+            grid = (grid[0], grid[1], grid[2] + 1)
         return kernel, grid, block, (
             data.span(), lse_bits, seq_lens, query_start_loc, int(num_seqs), send.flat(),
             recv.flat(), int(self_rank), send.shape[2], send.shape[3], data.shape[2],

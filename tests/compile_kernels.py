@@ -89,12 +89,12 @@ def kernels():
         for group, wide in ((8, False), (32, False), (32, True)):  # with no mask
             add(f"pack {np.dtype(bits)} group {group}{' wide' if wide else ''} unmasked",
                 pack.pack_kernel(np.dtype(bits), group, wide, False))
-    for bits in (np.uint16, np.uint32):  # a block row per token: masked or not, signed or not
-        for masked in (True, False):
-            for signed in (False, True):
+    for bits in (np.uint16, np.uint32):  # a block row per token: masked or not, signed or
+        for masked in (True, False):  # not, by the rows' blocks or by a lead plane
+            for signed, lead in ((False, False), (True, False), (True, True)):
                 add(f"pack {np.dtype(bits)} group 8 by tokens{'' if masked else ' unmasked'}"
-                    f"{' signed' if signed else ''}",
-                    _pack_tokens.tokens_kernel(np.dtype(bits), 8, masked, signed))
+                    f"{' signed' if signed else ''}{' lead' if lead else ''}",
+                    _pack_tokens.tokens_kernel(np.dtype(bits), 8, masked, signed, lead))
         add(f"pack {np.dtype(bits)} group 32 by tokens", _pack_tokens.tokens_kernel(
             np.dtype(bits), 32))
     for masked in (True, False):  # wide rows of words, stored as aligned quads

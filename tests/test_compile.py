@@ -72,29 +72,30 @@ def test_a2a_variants():
     # the pack with a mask and without one, and one combine: 16-bit data of an even D by
     # words and combined in pairs (the plan stages arrays that cannot be seen so), else by
     # values; rows of one step (bf16 and fp16 at D = 512: 256 words) also the pack a block
-    # row per token, signed, with a mask and without
-    assert len(a2a_tasks(BF16, 512)) == 5
-    assert len(a2a_tasks(np.dtype(np.float16), 512)) == 5
+    # row per token, signed two ways, with a mask and without
+    assert len(a2a_tasks(BF16, 512)) == 7
+    assert len(a2a_tasks(np.dtype(np.float16), 512)) == 7
     assert len(a2a_tasks(np.dtype(np.float16), 511)) == 3  # an odd D: by 16 bits, wide
     assert len(a2a_tasks(np.dtype(np.float32), 512)) == 3  # wide rows
     # N from 2 to 8: the combine for its N, one for each number of values a lane that
     # it can move (combine_unroll: N = 2: 8, 4, 2; N = 8: 4, 2), and where a row fits
     # a block's step (at most 32 loads a thread) the signed one with a block a row
-    assert len(a2a_tasks(BF16, 512, 2)) == 8
+    assert len(a2a_tasks(BF16, 512, 2)) == 10
     assert len(a2a_tasks(np.dtype(np.float32), 512, 8)) == 5  # 4 values a thread, 8 shards
     assert len(a2a_tasks(np.dtype(np.float32), 1024, 8)) == 4  # 8 a thread: no block a row
     tasks = a2a_tasks(BF16, 512, 2)
     tokens = [c.args for c in tasks if c.func is tokens_kernel]
-    assert tokens == [(np.uint32, 32, True, True), (np.uint32, 32, False, True)]
+    assert tokens == [(np.uint32, 32, masked, True, lead) for masked in (True, False)
+                      for lead in (False, True)]  # signed by rows' blocks or a lead plane
     alone = [c.args for c in a2a_tasks(BF16, 512, 2, standalone=True) if c.func is tokens_kernel]
-    assert sorted(alone) == sorted(tokens + [(np.uint32, 32, True, False),
-                                             (np.uint32, 32, False, False)])
+    assert sorted(alone) == sorted(tokens + [(np.uint32, 32, True, False, False),
+                                             (np.uint32, 32, False, False, False)])
     tasks = [c for c in tasks if c.func is not tokens_kernel]
     sliced = [c for c in tasks[2:] if len(c.args) == 5]
     assert sorted(c.args[4] for c in sliced) == [2, 4, 8]
     blocks = [c.args[2:] for c in tasks[2:] if len(c.args) > 5]
     assert blocks == [(128, 2, 2, True, True)]  # 256 words: 2 a thread; signed, as plans call
-    assert len(a2a_tasks(BF16, 512, 9)) == 5  # past 8: the combine for any N
+    assert len(a2a_tasks(BF16, 512, 9)) == 7  # past 8: the combine for any N
     masked, unmasked, *combines = tasks  # functools.partial: their arguments
     assert masked.args[3] and not unmasked.args[3]
     assert masked.args[0] == unmasked.args[0] == np.uint32 and all(c.args[1] for c in combines)

@@ -52,9 +52,13 @@ def test_pack_bit_exact(dtype, d, monkeypatch):
 @pytest.mark.parametrize("shape", [(2, 3, 4, 1), (2, 64, 32, 128), (8, 32, 32, 128),
                                    (4, 33, 128, 256), (2, 5, 8, 77)],
                          ids=lambda s: "N%dB%dH%dD%d" % s)
-def test_pack_by_tokens_writes_the_bits_of_the_other_packs(dtype, shape):
+def test_pack_by_tokens_writes_the_bits_of_the_other_packs(dtype, shape, monkeypatch):
     """Compiled, the pack a block row per token and ``pack``'s kernels give the same
-    bits: the reference's rows, masked or not, routed or not, a plan's trailer or not."""
+    bits: the reference's rows, masked or not, routed or not, a plan's trailer or not,
+    signed by a lead plane of blocks or by the rows' blocks, as the grid has it, and
+    each way for every grid."""
+    from cupy_dcp.kernels import _pack_tokens
+
     to_device, to_host = cupy_io()
     rng = np.random.default_rng(sum(shape))
     for strided in (False, "heads_major"):
@@ -62,6 +66,10 @@ def test_pack_by_tokens_writes_the_bits_of_the_other_packs(dtype, shape):
             for signed, self_rank in ((False, -1), (True, 1), (False, shape[0] - 1)):
                 check_pack_by_tokens(to_device, to_host, dtype, *shape, rng, strided, masked,
                                      signed, self_rank)
+    for most in (0, 1 << 30):  # the rows' blocks sign, then a lead plane does
+        monkeypatch.setattr(_pack_tokens, "LEAD_MOST_BLOCKS", most)
+        for masked in (False, True):
+            check_pack_by_tokens(to_device, to_host, dtype, *shape, rng, False, masked, True, 0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -37,16 +37,22 @@ def test_pack_bit_exact(dtype, shape):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(2, 3, 4, 1), (3, 4, 6, 7), (2, 3, 4, 72), (8, 3, 8, 33)],
                          ids=lambda s: "N%dB%dH%dD%d" % s)
-def test_pack_by_tokens_writes_the_bits_of_the_other_packs(dtype, shape):
+def test_pack_by_tokens_writes_the_bits_of_the_other_packs(dtype, shape, monkeypatch):
     """The pack a block row per token and ``pack``'s kernels: the reference's rows,
     masked or not, rows unit-stride or heads-major, routed to the receive buffer or
-    not, with a plan's trailer or without, the same bits."""
+    not, with a plan's trailer or without (signed by a lead plane of blocks, as these
+    small grids are, or by the rows' blocks), the same bits."""
+    from cupy_dcp.kernels import _pack_tokens
+
     rng = np.random.default_rng(sum(shape))
     for strided in (False, "heads_major"):
         for masked in (False, True):
             for signed, self_rank in ((False, -1), (True, 1), (False, shape[0] - 1)):
                 check_pack_by_tokens(ident, host, dtype, *shape, rng, strided, masked, signed,
                                      self_rank)
+    monkeypatch.setattr(_pack_tokens, "LEAD_MOST_BLOCKS", 0)  # the rows' blocks sign
+    for masked in (False, True):
+        check_pack_by_tokens(ident, host, dtype, *shape, rng, False, masked, True, 0)
 
 
 def test_pack_by_tokens_where_the_rule_allows():
@@ -716,7 +722,8 @@ def test_every_combine_a_launch_picks_is_one_the_plan_built():
                     kernel_array(out, combine.combine_codec(dtype)[1]), None, True,
                     (dummy_index(), dummy_index()))
                 assert id(kernel) in built, (dtype, n, b, d, grid)
-                blocks.add(grid == (4, b, 1))  # a block a row: (H/N, B)
+                blocks.add(grid == (5, b, 1))  # a block a row: (H/N, B), and signed a
+                # block that checks the trailer first
     assert blocks == {True, False}  # a block a row, and rows split over warps
 
 
