@@ -13,7 +13,9 @@ per element (a masked kernel's trips of two rows read through the strides:
 with both rows' mask words held, flat reads would spill).
 :func:`packed_row_steps` holds the row steps that the direct path's tiles
 kernel shares. Rows of words of more than one step go as aligned 16-byte quads
-where the arrays allow (:func:`quad_rows`, ``_quad_rows``).
+where the arrays allow (:func:`quad_rows`, ``_quad_rows``). Rows of one step read
+through a flat view take a kernel of a block row per token with no loop and
+scalar arguments at decode sizes (``_pack_tokens``, picked by :func:`pack_launch`).
 """
 
 import functools
