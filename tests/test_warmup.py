@@ -27,11 +27,13 @@ def test_warmup_fills_the_cache_for_a_named_capability(tmp_path):
         pytest.skip(f"no NVVM here: {problem}")
     first = warm(tmp_path, "--cc", "9.0", "--plans", "a2a")
     assert first.returncode == 0, first.stderr[-3000:]
-    # the pack of words, with a mask and without one; the combine of bfloat16 pairs for
-    # N = 2, one for each number of values a lane it can move (8, 4, 2: combine_unroll),
-    # and with a block a row, both the signed one (a plan's) and the one unpack_combine
-    # launches outside a plan
-    k = 7
+    # the pack of words, with a mask and without one, and as many by tokens (a block row
+    # per token: signed by the rows' blocks, signed by a lead plane, and unsigned as
+    # pack_send launches it); the combine of bfloat16 pairs for N = 2, one for each
+    # number of values a lane it can move (8, 4, 2: combine_unroll), and with a block a
+    # row, both the signed one (a plan's) and the one unpack_combine launches outside a
+    # plan
+    k = 13
     assert "sm_90 PTX" in first.stdout and f": {k} compiled, 0 already there, {k} stored" in \
         first.stdout, first.stdout
     assert len(entries(tmp_path)) == k
