@@ -570,7 +570,7 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
             data.span(), lse_bits, seq_lens, query_start_loc, int(num_seqs), send.flat(),
             recv.flat(), int(self_rank), send.shape[2], send.shape[3], data.shape[2],
             *element_strides(data), send.shape[1]) + ((signature, state) if signs else ())
-    kernel = pack_kernel(data.dtype, group, wide_rows(data.shape[2]), int(num_seqs) >= 0,
+    kernel = pack_kernel(data.dtype, group, wide, int(num_seqs) >= 0,
                          quad_rows(data, send, recv))
     return kernel, grid, block, (
         data, lse_bits, seq_lens, query_start_loc, int(num_seqs), send, recv, int(self_rank),
