@@ -86,6 +86,97 @@ def _row_combiner(codec, shards, per, threads, lead=False):
 
 
 @functools.cache
+def _lean_row_combiner(codec, shards, per, threads, lead=False):
+    """Device function ``combine_row(flat_vals, flat_bits, out, out_lse, write_lse, base_e,
+    heads, width, chunk, d_count, o0, o1)``: :func:`_row_combiner`'s row, with every
+    offset in 32 bits and the output a flat view (``out.span()``) at token and head
+    strides ``o0``, ``o1`` in elements, ``D`` as ``d_count``."""
+    encode = codec_functions(codec)[4]
+    raw = RAW[codec]
+    read_lse = flat_lse_reader(codec)
+    sum_shards = shard_sums(codec, shards, per, held_weights())
+    global_lse = device_functions()["global_lse"]
+    u32 = np.uint32
+    threads = u32(threads)
+    loaded, accumulators = shards * per, 2 * per
+
+    @inline_device
+    def combine_row(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
+                    chunk, d_count, o0, o1):
+        h = u32(u32(cuda.blockIdx.x) - u32(1)) if lead else u32(cuda.blockIdx.x)
+        b = u32(cuda.blockIdx.y)
+        t = u32(cuda.threadIdx.x)
+        d = u32(d_count)
+        row = u32(u32(u32(b * u32(heads)) + h) * u32(width))  # the row in rank 0's chunk
+        buf = cuda.local.array(loaded, raw)
+        lses = cuda.local.array(shards, np.float32)
+        weights = cuda.local.array(shards, np.float32)
+        acc = cuda.local.array(accumulators, np.float32)
+        for r in range(shards):  # every shard's values and LSE load first
+            at = u32(row + u32(u32(r) * u32(chunk)))
+            for k in range(per):
+                e = u32(t + u32(u32(k) * threads))
+                if e < d:
+                    buf[r * per + k] = flat_vals[u32(at + e)]
+        for r in range(shards):
+            lses[r] = read_lse(flat_vals, flat_bits,
+                               u32(u32(row + u32(u32(r) * u32(chunk))) + u32(width)))
+        m, total = sum_shards(buf, lses, weights, acc, base_e)
+        dst = u32(u32(b * u32(o0)) + u32(h * u32(o1)))
+        for k in range(per):
+            e = u32(t + u32(u32(k) * threads))
+            if e < d:
+                out[u32(dst + e)] = encode(acc[k], acc[per + k])
+        if write_lse and t == u32(0):  # after the stores: off their path
+            out_lse[b, h] = global_lse(total, m, base_e)
+
+    return combine_row
+
+
+@functools.cache
+def lean_kernel(codec, shards, per, signed=False, threads=BLOCK_THREADS):
+    """:func:`blocks_kernel`'s twin on :func:`_lean_row_combiner`: its arguments are
+    ``blocks_kernel``'s with ``out`` a flat view (``out.span()``) and ``d_count, o0,
+    o1`` after ``chunk``; every flat offset below 2**32."""
+    combine_row = _lean_row_combiner(codec, shards, per, threads, signed)
+    if not signed:
+        @cuda.jit
+        def combine(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
+                    chunk, d_count, o0, o1):
+            combine_row(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
+                        chunk, d_count, o0, o1)
+
+        return combine
+
+    finish_checks = combine_checks(RAW_BITS[codec].itemsize == 2)[1]
+    check_words = trailer_functions(RAW_BITS[codec].itemsize == 2)[3]
+    u64 = np.uint64
+    checked = u64((shards - 1) * WORDS)
+
+    @cuda.jit
+    def signed_combine(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
+                       chunk, d_count, o0, o1, bits, status, state):
+        if cuda.blockIdx.x != 0:
+            combine_row(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
+                        chunk, d_count, o0, o1)
+            return
+        tokens = u64(cuda.gridDim.y)
+        if cuda.blockIdx.y != 0 or u64(bits.shape[1]) <= tokens:  # (no trailer rows)
+            return
+        t, t_step = u64(cuda.threadIdx.x), u64(cuda.blockDim.x)
+        count = np.int64(0)
+        if t == u64(0):
+            count = state[1]
+        ours = theirs = np.uint32(0)
+        if t < checked:
+            ours, theirs = check_words(bits, tokens, t)
+        finish_checks(bits, status, state, tokens, True, checked, t, t_step, count, ours,
+                      theirs)
+
+    return signed_combine
+
+
+@functools.cache
 def blocks_kernel(codec, shards, per, signed=False, threads=BLOCK_THREADS):
     """The kernel ``combine(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads,
     width, chunk)`` of codec ``codec`` for exactly ``shards`` ranks and rows of at most
