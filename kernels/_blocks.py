@@ -4,12 +4,14 @@ At decode sizes the combine's time is a chain of dependent instructions, and
 every one before a row's first load counts. This kernel has the shortest such
 chain of the combines: a block of ``threads`` threads (a multiple of 32, at most
 :data:`BLOCK_THREADS`) per ``(token, head)`` row (grid ``(H/N, B)``: the head is
-``blockIdx.x``, the token ``blockIdx.y``), no loop over tokens or slices, and
-the received buffer's shape as scalar arguments (``heads``, ``width``,
-``chunk``) beside flat views of it, so that no 4-d view's shape and strides are
-passed or read. Thread ``t`` owns the row's values ``t, t + threads, ...``
-(``per`` of them); it loads every
-shard's values and LSE before it weighs any (``held_weights``, each weight
+``blockIdx.x``, the token ``blockIdx.y``), no loop over tokens or slices, flat
+views of the received buffer and of the output with their shapes and strides as
+scalar arguments (``heads``, ``width``, ``chunk``; ``d_count`` and the output's
+token and head strides ``o0``, ``o1`` in elements), so that no 3-d or 4-d view's
+shape and strides are passed or read, and every offset in 32 bits (the launch
+keeps both buffers below 2**32 elements: ``combine.combine_launch``). Thread
+``t`` owns the row's values ``t, t + threads, ...`` (``per`` of them); it loads
+every shard's values and LSE before it weighs any (``held_weights``, each weight
 computed once), skips a zero-weight shard (its NaN or inf never reaches the
 sum) and stores once; its thread 0 writes the global LSE. The same sums in the
 same order as ``_slices`` and the combine for any N, so the same bits.
@@ -40,57 +42,9 @@ BLOCK_THREADS = 128  # the threads of a row's block: four warps
 @functools.cache
 def _row_combiner(codec, shards, per, threads, lead=False):
     """Device function ``combine_row(flat_vals, flat_bits, out, out_lse, write_lse, base_e,
-    heads, width, chunk)``: this block's row of ``threads`` threads, combined (see the
-    module docstring); ``lead``: the grid's x has one block before the rows'."""
-    encode = codec_functions(codec)[4]
-    raw = RAW[codec]
-    read_lse = flat_lse_reader(codec)
-    sum_shards = shard_sums(codec, shards, per, held_weights())
-    global_lse = device_functions()["global_lse"]
-    u32, u64 = np.uint32, np.uint64
-    threads = u32(threads)
-    loaded, accumulators = shards * per, 2 * per
-
-    @inline_device
-    def combine_row(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
-                    chunk):
-        # Offsets within a row are uint32 (each uint32 result cast back, so that NVVM
-        # computes it in 32 bits); a row's start and a rank's chunk are 64-bit.
-        h = u32(u32(cuda.blockIdx.x) - u32(1)) if lead else u32(cuda.blockIdx.x)
-        b = u32(cuda.blockIdx.y)
-        t = u32(cuda.threadIdx.x)
-        d_count = u32(out.shape[2])
-        row = u64(u32(u32(b * u32(heads)) + h)) * u64(width)  # the row in rank 0's chunk
-        buf = cuda.local.array(loaded, raw)
-        lses = cuda.local.array(shards, np.float32)
-        weights = cuda.local.array(shards, np.float32)
-        acc = cuda.local.array(accumulators, np.float32)
-        for r in range(shards):  # every shard's values and LSE load first
-            at = row + u64(r) * u64(chunk)
-            for k in range(per):
-                e = u32(t + u32(u32(k) * threads))
-                if e < d_count:
-                    buf[r * per + k] = flat_vals[at + u64(e)]
-        for r in range(shards):
-            lses[r] = read_lse(flat_vals, flat_bits, row + u64(r) * u64(chunk) + u64(width))
-        m, total = sum_shards(buf, lses, weights, acc, base_e)
-        dst = out[b, h]
-        for k in range(per):
-            e = u32(t + u32(u32(k) * threads))
-            if e < d_count:
-                dst[e] = encode(acc[k], acc[per + k])
-        if write_lse and t == u32(0):  # after the stores: off their path
-            out_lse[b, h] = global_lse(total, m, base_e)
-
-    return combine_row
-
-
-@functools.cache
-def _lean_row_combiner(codec, shards, per, threads, lead=False):
-    """Device function ``combine_row(flat_vals, flat_bits, out, out_lse, write_lse, base_e,
-    heads, width, chunk, d_count, o0, o1)``: :func:`_row_combiner`'s row, with every
-    offset in 32 bits and the output a flat view (``out.span()``) at token and head
-    strides ``o0``, ``o1`` in elements, ``D`` as ``d_count``."""
+    heads, width, chunk, d_count, o0, o1)``: this block's row of ``threads`` threads,
+    combined (see the module docstring); ``lead``: the grid's x has one block before
+    the rows'."""
     encode = codec_functions(codec)[4]
     raw = RAW[codec]
     read_lse = flat_lse_reader(codec)
@@ -134,11 +88,21 @@ def _lean_row_combiner(codec, shards, per, threads, lead=False):
 
 
 @functools.cache
-def lean_kernel(codec, shards, per, signed=False, threads=BLOCK_THREADS):
-    """:func:`blocks_kernel`'s twin on :func:`_lean_row_combiner`: its arguments are
-    ``blocks_kernel``'s with ``out`` a flat view (``out.span()``) and ``d_count, o0,
-    o1`` after ``chunk``; every flat offset below 2**32."""
-    combine_row = _lean_row_combiner(codec, shards, per, threads, signed)
+def blocks_kernel(codec, shards, per, signed=False, threads=BLOCK_THREADS):
+    """The kernel ``combine(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads,
+    width, chunk, d_count, o0, o1)`` of codec ``codec`` for exactly ``shards`` ranks
+    and rows of at most ``per * threads`` values (words in pairs): flat (1-D, C) views
+    of the received buffer ``[N, B', H/N, width]`` as the codec's values and as bits,
+    the output ``[B, H/N, D]``'s flat view (``DeviceArray.span``), the output LSE
+    ``[B, H/N]`` (written where ``write_lse``), the LSE base flag, ``H/N``, ``width``,
+    one rank's chunk ``B' * H/N * width``, ``D`` and the output's token and head
+    strides, in elements; every flat offset of both buffers below 2**32.
+    ``signed``: the kernel takes ``(bits, status, state)`` after them (the buffer's
+    4-d bits view and a plan's status and state, as ``combine.combine_launch``
+    documents) and checks the trailer. Launched on ``(H/N, B)`` blocks (``(H/N + 1,
+    B)`` where ``signed``) of ``threads`` threads (a multiple of 32, at most
+    :data:`BLOCK_THREADS`)."""
+    combine_row = _row_combiner(codec, shards, per, threads, signed)
     if not signed:
         @cuda.jit
         def combine(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
@@ -151,69 +115,18 @@ def lean_kernel(codec, shards, per, signed=False, threads=BLOCK_THREADS):
     finish_checks = combine_checks(RAW_BITS[codec].itemsize == 2)[1]
     check_words = trailer_functions(RAW_BITS[codec].itemsize == 2)[3]
     u64 = np.uint64
-    checked = u64((shards - 1) * WORDS)
-
-    @cuda.jit
-    def signed_combine(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
-                       chunk, d_count, o0, o1, bits, status, state):
-        if cuda.blockIdx.x != 0:
-            combine_row(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
-                        chunk, d_count, o0, o1)
-            return
-        tokens = u64(cuda.gridDim.y)
-        if cuda.blockIdx.y != 0 or u64(bits.shape[1]) <= tokens:  # (no trailer rows)
-            return
-        t, t_step = u64(cuda.threadIdx.x), u64(cuda.blockDim.x)
-        count = np.int64(0)
-        if t == u64(0):
-            count = state[1]
-        ours = theirs = np.uint32(0)
-        if t < checked:
-            ours, theirs = check_words(bits, tokens, t)
-        finish_checks(bits, status, state, tokens, True, checked, t, t_step, count, ours,
-                      theirs)
-
-    return signed_combine
-
-
-@functools.cache
-def blocks_kernel(codec, shards, per, signed=False, threads=BLOCK_THREADS):
-    """The kernel ``combine(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads,
-    width, chunk)`` of codec ``codec`` for exactly ``shards`` ranks and rows of at most
-    ``per * threads`` values (words in pairs): flat (1-D, C) views of the received
-    buffer ``[N, B', H/N, width]`` as the codec's values and as bits, the output ``[B,
-    H/N, D]``, the output LSE ``[B, H/N]`` (written where ``write_lse``), the LSE base
-    flag, and ``H/N``, ``width`` and one rank's chunk ``B' * H/N * width`` in elements.
-    ``signed``: the kernel takes ``(bits, status, state)`` after them (the buffer's
-    4-d bits view and a plan's status and state, as ``combine.combine_launch``
-    documents) and checks the trailer. Launched on ``(H/N, B)`` blocks (``(H/N + 1,
-    B)`` where ``signed``) of ``threads`` threads (a multiple of 32, at most
-    :data:`BLOCK_THREADS`)."""
-    combine_row = _row_combiner(codec, shards, per, threads, signed)
-    if not signed:
-        @cuda.jit
-        def combine(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
-                    chunk):
-            combine_row(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
-                        chunk)
-
-        return combine
-
-    finish_checks = combine_checks(RAW_BITS[codec].itemsize == 2)[1]
-    check_words = trailer_functions(RAW_BITS[codec].itemsize == 2)[3]
-    u64 = np.uint64
     checked = u64((shards - 1) * WORDS)  # the trailer words a signed call compares
 
     @cuda.jit
     def signed_combine(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
-                       chunk, bits, status, state):
+                       chunk, d_count, o0, o1, bits, status, state):
         # The grid's x is H/N + 1: blocks x = h + 1 combine head h, and the first token's
         # block x = 0 (dispatched first) checks the trailer meanwhile, off the rows' path
         if cuda.blockIdx.x != 0:
             combine_row(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
-                        chunk)
+                        chunk, d_count, o0, o1)
             return
-        tokens = u64(out.shape[0])
+        tokens = u64(cuda.gridDim.y)  # B: a token a block along y
         if cuda.blockIdx.y != 0 or u64(bits.shape[1]) <= tokens:  # (no trailer rows)
             return
         t, t_step = u64(cuda.threadIdx.x), u64(cuda.blockDim.x)
@@ -227,3 +140,5 @@ def blocks_kernel(codec, shards, per, signed=False, threads=BLOCK_THREADS):
                       theirs)
 
     return signed_combine
+
+

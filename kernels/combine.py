@@ -41,7 +41,7 @@ from ._specs import check_combine_args
 from ._trailer import WORDS, combine_checks
 
 __all__ = ["BLOCK_LOADS", "BLOCK_ROWS", "FEW_WARPS", "FULL_BLOCK", "LANE_LOADS", "MANY_WARPS",
-           "MAX_STATIC_SHARDS", "SLICED_UNROLL", "SPREAD_FROM", "SPREAD_WARPS", "STREAM_UNROLL",
+           "MAX_STATIC_SHARDS", "NARROW", "SLICED_UNROLL", "SPREAD_FROM", "SPREAD_WARPS", "STREAM_UNROLL",
            "block_threads", "block_values", "block_warps", "by_blocks", "capped",
            "codec_functions", "combine_codec", "combine_kernel", "combine_launch",
            "combine_unroll", "combine_variants", "lane_weights", "row_accumulator",
@@ -193,6 +193,7 @@ SPREAD_WARPS = 2  # blocks of this many warps (more SMs share few warps)
 BLOCK_LOADS = 32  # the most values a thread of a block a row loads, over every shard
 BLOCK_ROWS = 512  # up to this many rows a combine for its N runs a block a row,
 FULL_BLOCK = 4  # and beyond, where each thread moves at least this many values a shard
+NARROW = 2 ** 32  # a block a row runs where the buffer and output span fewer elements
 
 
 def static_shards(n):
@@ -230,8 +231,8 @@ def combine_kernel(dtype, pairs=False, group=WARP, shards=0, unroll=UNROLL, bloc
     i64 = types.int64
     if blocks:
         argtypes = (array_type(value, 1, True), array_type(bits, 1, True),
-                    array_type(value, 3, False), array_type(np.float32, 2, False),
-                    i64, i64, i64, i64, i64)
+                    array_type(value, 1, True), array_type(np.float32, 2, False),
+                    i64, i64, i64, i64, i64, i64, i64, i64)
         if signed:
             argtypes += (array_type(bits, 4, True), array_type(np.int64, 1, True),
                          array_type(np.int64, 1, True))
@@ -394,8 +395,10 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None
     host-mapped memory in a plan); it sets ``state[0]`` to ``state[1] + 1``.
 
     For N from 2 to :data:`MAX_STATIC_SHARDS`, a combine that :func:`by_blocks`
-    allows runs a block of :func:`block_threads` threads a row, on grid ``(H/N, B,
-    1)`` (``(H/N + 1, B, 1)`` where ``signed``: the first block checks the trailer,
+    allows, whose output has a flat view (``DeviceArray.span``: rows unit-stride)
+    and whose buffers hold fewer than :data:`NARROW` elements (its offsets are 32-bit),
+    runs a block of :func:`block_threads` threads a row, on grid ``(H/N, B, 1)``
+    (``(H/N + 1, B, 1)`` where ``signed``: the first block checks the trailer,
     ``_blocks``); the others run on ``_rows.tile_grid``.
     """
     codec, value = combine_codec(dtype)
@@ -412,13 +415,18 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None
     status, state = (dummy_index(), dummy_index()) if signed is None else signed
     shards = static_shards(recv_vals.shape[0])
     rows = out.shape[0] * out.shape[1]
-    if by_blocks(out.shape[2], out.shape[0], rows, shards):
+    out_flat = out.span()
+    if by_blocks(out.shape[2], out.shape[0], rows, shards) and \
+            0 < out_flat.shape[0] < NARROW and recv_vals.size < NARROW:
         _, chunk_tokens, heads, width = recv_vals.shape
         threads = block_threads(out.shape[2])
         kernel = combine_kernel(dtype, codec in PAIRS, threads, shards,
                                 block_values(out.shape[2]), True, signed is not None)
-        args = (recv_vals.flat(), recv_bits.flat(), out, out_lse, int(write_lse),
-                int(bool(is_lse_base_on_e)), heads, width, chunk_tokens * heads * width)
+        item = out.dtype.itemsize
+        args = (recv_vals.flat(), recv_bits.flat(), out_flat, out_lse, int(write_lse),
+                int(bool(is_lse_base_on_e)), heads, width, chunk_tokens * heads * width,
+                out.shape[2], *(stride // item if extent > 1 else 0
+                                for extent, stride in zip(out.shape[:2], out.strides[:2])))
         if signed is not None:
             args += (recv_bits, status, state)
         return kernel, (out.shape[1] + (signed is not None), out.shape[0], 1), (threads, 1), \

@@ -149,7 +149,7 @@ def test_combine_at_decode_shapes_matches_reference(cell, monkeypatch):
     kernel, _, block, args = combine.combine_launch(
         dtype, kernel_array(recv, bits), kernel_array(out, combine.combine_codec(dtype)[1]),
         None, True)
-    assert block == ((32, warps) if warps else (combine.block_threads(args[2].shape[2]), 1))
+    assert block == ((32, warps) if warps else (combine.block_threads(args[9]), 1))  # D
     module = cupy.cuda.function.Module()
     module.load(kernel._image)
     function = module.get_function(kernel._entry)

@@ -435,17 +435,23 @@ def test_pack_bf16x2_rounds_as_the_integer_path():
     check_pack_bf16x2(ident, host, np.random.default_rng(16))
 
 
-def _combine_bits(dtype, recv):
+def _combine_bits(dtype, recv, layout="rows"):
     """Run the combine that ``combine_launch`` picks for ``recv [N, B, H/N, D + P]`` (as
     packed for ``dtype``): its grid, block and arguments, and the output's and the
-    output LSE's bits."""
+    output LSE's bits. ``layout``: the output's storage, ``"rows"`` (C-contiguous),
+    ``"heads_major"`` (``[H/N, B, D]`` seen as ``[B, H/N, D]``), ``"padded"`` (rows of
+    ``D`` in rows of ``D + 2``) or ``"every_other"`` (every other value of rows of
+    ``2 D``: no flat view)."""
     from cupy_dcp.kernels import combine
     from cupy_dcp.kernels._arrays import kernel_array
     from cupy_dcp.layout import lse_pack_dim
 
     b, hn, d = recv.shape[1], recv.shape[2], recv.shape[3] - lse_pack_dim(dtype)
     bits = np.dtype(np.uint32 if np.dtype(dtype).itemsize == 4 else np.uint16)
-    out = np.zeros((b, hn, d), dtype)
+    out = {"rows": lambda: np.zeros((b, hn, d), dtype),
+           "heads_major": lambda: np.zeros((hn, b, d), dtype).transpose(1, 0, 2),
+           "padded": lambda: np.zeros((b, hn, d + 2), dtype)[..., :d],
+           "every_other": lambda: np.zeros((b, hn, 2 * d), dtype)[..., ::2]}[layout]()
     out_lse = np.zeros((b, hn), np.float32)
     kernel, grid, block, args = combine.combine_launch(
         dtype, kernel_array(recv, bits), kernel_array(out, combine.combine_codec(dtype)[1]),
@@ -579,7 +585,10 @@ def test_combine_a_block_a_row_gives_the_bits_of_the_sliced_combine(dtype, n, d,
     """The combine with a block a row (``_blocks``) gives the bits of the one that splits
     rows over warps (``_slices``), for rows of one value to several a thread (D = 300:
     3 values a thread, or 2 words, the last partial), NaN, +-inf, a NaN LSE and a
-    token empty everywhere included, with and without the output LSE."""
+    token empty everywhere included, with and without the output LSE; into a
+    C-contiguous output, a heads-major one and one of padded rows (the block a row
+    writes them through their flat view, at their strides), and one whose rows are
+    not unit-stride (no flat view: the rows split)."""
     from cupy_dcp.kernels import combine
     from cupy_dcp.reference import pack_reference
 
@@ -592,17 +601,28 @@ def test_combine_a_block_a_row_gives_the_bits_of_the_sliced_combine(dtype, n, d,
     lse[1, 1] = np.inf  # +inf on every shard: as empty as -inf
     recv = np.stack([pack_reference(x.astype(dtype), lse + r, n)[0] for r in range(n)])
     outs = []
-    for blocks in (True, False):
+    for blocks, layout in ((True, "rows"), (False, "rows"), (True, "heads_major"),
+                           (True, "padded"), (True, "every_other")):
         monkeypatch.setattr(combine, "by_blocks", lambda *shape, on=blocks: on)
-        grid, block, args, got = _combine_bits(dtype, recv)
-        assert (grid == (hn, b, 1)) == blocks
-        if blocks:  # the fewest warps that give each value (or word) of a row a thread
-            elements = args[2].shape[2]
+        grid, block, args, got = _combine_bits(dtype, recv, layout)
+        # an output with no flat view (rows not unit-stride) takes the rows split
+        flat = layout != "every_other" or d == 1
+        assert (grid == (hn, b, 1)) == (blocks and flat), layout
+        if grid == (hn, b, 1):  # the fewest warps that give each value (word) a thread
+            elements = args[9]  # D, in the kernel's elements
             assert block == (min(128, 32 * -(-elements // 32)), 1)
             assert args[8] == b * hn * args[7]  # one rank's chunk, in the kernel's elements
+            item = args[2].dtype.itemsize  # the output's token and head strides, in elements:
+            pad = {"padded": 2 * np.dtype(dtype).itemsize // item,
+                   "every_other": elements}.get(layout, 0)  # (D = 1: rows of 2)
+            row = elements + pad
+            strides = (row, b * row) if layout == "heads_major" else (hn * row, row)
+            assert args[10:12] == strides, layout
+            assert args[2].shape == (strides[0] * (b - 1) + strides[1] * (hn - 1) + elements,)
         outs.append(got)
-    np.testing.assert_array_equal(outs[0][0], outs[1][0])
-    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+    for other in outs[1:]:
+        np.testing.assert_array_equal(outs[0][0], other[0])
+        np.testing.assert_array_equal(outs[0][1], other[1])
     got_lse = outs[0][1].view(np.float32)
     assert np.isneginf(got_lse[2]).all()  # the token empty everywhere
     assert np.isneginf(got_lse[1, 1]) and np.isfinite(got_lse[1, 0])  # the +inf row: empty
