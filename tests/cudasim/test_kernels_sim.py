@@ -628,6 +628,34 @@ def test_combine_a_block_a_row_gives_the_bits_of_the_sliced_combine(dtype, n, d,
     assert np.isneginf(got_lse[1, 1]) and np.isfinite(got_lse[1, 0])  # the +inf row: empty
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_combine_past_32_bit_offsets_splits_rows(dtype, monkeypatch):
+    """The block a row makes every offset in 32 bits: where the received buffer or the
+    output's span holds ``combine.NARROW`` elements or more, the launch takes the rows
+    split over warps, with the same bits (``NARROW`` lowered to this test's sizes)."""
+    from cupy_dcp.kernels import combine
+    from cupy_dcp.reference import pack_reference
+
+    rng = np.random.default_rng(7)
+    n, b, hn, d = 2, 3, 2, 10
+    x = rng.standard_normal((b, n * hn, d)).astype(np.float32)
+    lse = rng.uniform(-8, 8, (b, n * hn)).astype(np.float32)
+    lse[1, :] = -np.inf  # a token empty everywhere
+    recv = np.stack([pack_reference(x.astype(dtype), lse + r, n)[0] for r in range(n)])
+    words = np.dtype(dtype).itemsize == 2  # even D: 16-bit values go in word pairs
+    buffer = recv.size // 2 if words else recv.size  # in the kernel's elements
+    output = b * hn * d // 2 if words else b * hn * d
+    outs = []
+    for narrow in (combine.NARROW, buffer + 1, buffer, output):
+        monkeypatch.setattr(combine, "NARROW", narrow)
+        grid, _, _, got = _combine_bits(dtype, recv)
+        assert (grid == (hn, b, 1)) == (narrow > buffer), narrow
+        outs.append(got)
+    for other in outs[1:]:
+        np.testing.assert_array_equal(outs[0][0], other[0])
+        np.testing.assert_array_equal(outs[0][1], other[1])
+
+
 def test_combine_runs_a_block_a_row_only_where_it_fits():
     """``by_blocks``: for N from 2 to 8, a row in one step of at most ``BLOCK_LOADS``
     loads a thread, the tokens within a grid's y, and few rows or long ones; the
