@@ -13,8 +13,12 @@ keeps both buffers below 2**32 elements: ``combine.combine_launch``). Thread
 ``t`` owns the row's values ``t, t + threads, ...`` (``per`` of them); it loads
 every shard's values and LSE before it weighs any (``held_weights``, each weight
 computed once), skips a zero-weight shard (its NaN or inf never reaches the
-sum) and stores once; its thread 0 writes the global LSE. The same sums in the
-same order as ``_slices`` and the combine for any N, so the same bits.
+sum) and stores once. The global LSE (``write_lse``: 0 none) comes from thread 0
+after its stores (1), or (2) from one more warp of the block, threads ``threads``
+on, whose first thread loads the row's LSEs and nothing else, weighs them and
+writes it: the logarithm then runs beside the rows' stores, not after the first
+warp's (what each costs: ``benchmarks/NOTES.md``). The same sums in the same order
+as ``_slices`` and the combine for any N, so the same bits.
 
 A plan's buffer carries a trailer (``_trailer``): the ``signed`` twin also
 takes the buffer's 4-d bits view and the plan's ``(status, state)`` and runs on
@@ -48,7 +52,8 @@ def _row_combiner(codec, shards, per, threads, lead=False):
     encode = codec_functions(codec)[4]
     raw = RAW[codec]
     read_lse = flat_lse_reader(codec)
-    sum_shards = shard_sums(codec, shards, per, held_weights())
+    weigh = held_weights()
+    sum_shards = shard_sums(codec, shards, per, weigh)
     global_lse = device_functions()["global_lse"]
     u32 = np.uint32
     threads = u32(threads)
@@ -66,6 +71,14 @@ def _row_combiner(codec, shards, per, threads, lead=False):
         lses = cuda.local.array(shards, np.float32)
         weights = cuda.local.array(shards, np.float32)
         acc = cuda.local.array(accumulators, np.float32)
+        if t >= threads:  # the LSE warp (write_lse 2): its first thread
+            if write_lse == 2 and t == threads:
+                for r in range(shards):
+                    lses[r] = read_lse(flat_vals, flat_bits,
+                                       u32(u32(row + u32(u32(r) * u32(chunk))) + u32(width)))
+                m, total = weigh(lses, weights, shards, base_e)
+                out_lse[b, h] = global_lse(total, m, base_e)
+            return
         for r in range(shards):  # every shard's values and LSE load first
             at = u32(row + u32(u32(r) * u32(chunk)))
             for k in range(per):
@@ -81,7 +94,7 @@ def _row_combiner(codec, shards, per, threads, lead=False):
             e = u32(t + u32(u32(k) * threads))
             if e < d:
                 out[u32(dst + e)] = encode(acc[k], acc[per + k])
-        if write_lse and t == u32(0):  # after the stores: off their path
+        if write_lse == 1 and t == u32(0):  # in line, after the stores
             out_lse[b, h] = global_lse(total, m, base_e)
 
     return combine_row
@@ -94,14 +107,15 @@ def blocks_kernel(codec, shards, per, signed=False, threads=BLOCK_THREADS):
     and rows of at most ``per * threads`` values (words in pairs): flat (1-D, C) views
     of the received buffer ``[N, B', H/N, width]`` as the codec's values and as bits,
     the output ``[B, H/N, D]``'s flat view (``DeviceArray.span``), the output LSE
-    ``[B, H/N]`` (written where ``write_lse``), the LSE base flag, ``H/N``, ``width``,
+    ``[B, H/N]`` (``write_lse``: 0 none, 1 by thread 0, 2 by the LSE warp: see the
+    module docstring), the LSE base flag, ``H/N``, ``width``,
     one rank's chunk ``B' * H/N * width``, ``D`` and the output's token and head
     strides, in elements; every flat offset of both buffers below 2**32.
     ``signed``: the kernel takes ``(bits, status, state)`` after them (the buffer's
     4-d bits view and a plan's status and state, as ``combine.combine_launch``
     documents) and checks the trailer. Launched on ``(H/N, B)`` blocks (``(H/N + 1,
     B)`` where ``signed``) of ``threads`` threads (a multiple of 32, at most
-    :data:`BLOCK_THREADS`)."""
+    :data:`BLOCK_THREADS`), and 32 more where ``write_lse`` is 2."""
     combine_row = _row_combiner(codec, shards, per, threads, signed)
     if not signed:
         @cuda.jit

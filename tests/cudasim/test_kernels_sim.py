@@ -585,7 +585,8 @@ def test_combine_a_block_a_row_gives_the_bits_of_the_sliced_combine(dtype, n, d,
     """The combine with a block a row (``_blocks``) gives the bits of the one that splits
     rows over warps (``_slices``), for rows of one value to several a thread (D = 300:
     3 values a thread, or 2 words, the last partial), NaN, +-inf, a NaN LSE and a
-    token empty everywhere included, with and without the output LSE; into a
+    token empty everywhere included, with and without the output LSE, written by a
+    warp of its own (up to ``LSE_WARP_ROWS`` rows) and by thread 0; into a
     C-contiguous output, a heads-major one and one of padded rows (the block a row
     writes them through their flat view, at their strides), and one whose rows are
     not unit-stride (no flat view: the rows split)."""
@@ -601,16 +602,19 @@ def test_combine_a_block_a_row_gives_the_bits_of_the_sliced_combine(dtype, n, d,
     lse[1, 1] = np.inf  # +inf on every shard: as empty as -inf
     recv = np.stack([pack_reference(x.astype(dtype), lse + r, n)[0] for r in range(n)])
     outs = []
-    for blocks, layout in ((True, "rows"), (False, "rows"), (True, "heads_major"),
-                           (True, "padded"), (True, "every_other")):
+    for blocks, layout, lse_warp in ((True, "rows", True), (True, "rows", False),
+                                     (False, "rows", True), (True, "heads_major", True),
+                                     (True, "padded", True), (True, "every_other", True)):
         monkeypatch.setattr(combine, "by_blocks", lambda *shape, on=blocks: on)
+        monkeypatch.setattr(combine, "LSE_WARP_ROWS", b * hn if lse_warp else b * hn - 1)
         grid, block, args, got = _combine_bits(dtype, recv, layout)
         # an output with no flat view (rows not unit-stride) takes the rows split
         flat = layout != "every_other" or d == 1
         assert (grid == (hn, b, 1)) == (blocks and flat), layout
         if grid == (hn, b, 1):  # the fewest warps that give each value (word) a thread
-            elements = args[9]  # D, in the kernel's elements
-            assert block == (min(128, 32 * -(-elements // 32)), 1)
+            elements = args[9]  # D, in the kernel's elements; the LSE from a warp of its own
+            assert block == (min(128, 32 * -(-elements // 32)) + 32 * lse_warp, 1)
+            assert args[4] == (2 if lse_warp else 1)
             assert args[8] == b * hn * args[7]  # one rank's chunk, in the kernel's elements
             item = args[2].dtype.itemsize  # the output's token and head strides, in elements:
             pad = {"padded": 2 * np.dtype(dtype).itemsize // item,
