@@ -6,12 +6,16 @@ sizes, on one GPU, in CUDA-graph replay.
 For each cell (dtype, N, B <= 32, H, D) that the library runs a block a row
 (``combine.by_blocks``), in one graph and grid, interleaved:
 
-- ``lib``: the combine as the library launches it (``combine_launch``);
+- ``lib``: the combine as the library launches it (``combine_launch``), its output
+  LSE from a warp of its own;
 - ``bare``: the library's kernel with the weights replaced by one FFMA on each
   loaded LSE (no max, no exponential, no sum, no reciprocal): the chain of
   loads, a dependent step and stores without the math, a floor for any kernel
   of this layout that weighs rows by their LSEs;
 - ``no_lse``: ``lib`` without an output LSE;
+- ``inline``: ``lib``'s kernel with its output LSE written by thread 0 after its
+  stores (``write_lse`` 1), not by a warp of its own (2, the library's choice up to
+  ``combine.LSE_WARP_ROWS`` rows); its bits are checked against ``lib``'s;
 - ``empty`` and ``copy``: the launch and copy floors of ``_floors`` in that grid.
 
 Inputs are random (values N(0, 1), LSEs spread over 8). The last columns are
@@ -75,7 +79,7 @@ def _launches(cupy, cell, rng):
               for _ in range(n)]
     recv = cupy.asarray(np.stack(shards).view(bits))
     outs = {k: (cupy.zeros((B, hn, D), dtype=bits), cupy.zeros((B, hn), np.float32))
-            for k in ("lib", "bare", "no_lse")}
+            for k in ("lib", "bare", "no_lse", "inline")}
     value = combine.combine_codec(dtype)[1]
 
     def launch(key, with_lse=True):
@@ -98,6 +102,8 @@ def _launches(cupy, cell, rng):
             _blocks._row_combiner = saved
     launches["bare"] = (SpecializedKernel(bare, kernel.argtypes), grid, block,
                         launch("bare")[3])
+    inline = launch("inline")[3]
+    launches["inline"] = (kernel, grid, (threads, 1), inline[:4] + (1,) + tuple(inline[5:]))
     return launches, (recv, outs)
 
 
@@ -113,14 +119,19 @@ def main():
     print(f"graph of {args.calls} calls, median of {args.reps} replays, median of "
           f"{args.rounds} rounds; us per call; empty and copy in the combine's grid",
           flush=True)
-    print(f"{'cell':<28} {'empty':>6} {'copy':>6} {'bare':>6} {'no_lse':>6} {'lib':>6}  "
-          f"over empty: copy  bare   lib", flush=True)
+    print(f"{'cell':<28} {'empty':>6} {'copy':>6} {'bare':>6} {'no_lse':>6} {'inline':>6} "
+          f"{'lib':>6}  lib/inline  over empty: copy  bare inline  lib", flush=True)
     with stream:
         for cell in cells:
             made = _launches(cupy, cell, rng)
             if made is None:
                 continue
             launches, (recv, outs) = made
+            for kernel, grid, block, kargs in launches.values():
+                kernel(grid, block, stream.ptr, kargs)
+            stream.synchronize()
+            same = all(bool(cupy.array_equal(a, b))
+                       for a, b in zip(outs["lib"], outs["inline"]))
             _, grid, block, _ = launches["lib"]
             out, lse = outs["lib"]
             timed = {**launches, **floor_launches(cupy, recv.nbytes, out.nbytes + lse.nbytes,
@@ -130,8 +141,11 @@ def main():
             label = f"{dtype_name} N={n} B={B} {H}x{D}"
             e = us["empty"]
             print(f"{label:<28} {e:6.2f} {us['copy']:6.2f} {us['bare']:6.2f} "
-                  f"{us['no_lse']:6.2f} {us['lib']:6.2f}  {us['copy'] - e:15.2f} "
-                  f"{us['bare'] - e:5.2f} {us['lib'] - e:5.2f}", flush=True)
+                  f"{us['no_lse']:6.2f} {us['inline']:6.2f} {us['lib']:6.2f}  "
+                  f"{us['lib'] / us['inline']:10.3f}  {us['copy'] - e:15.2f} "
+                  f"{us['bare'] - e:5.2f} {us['inline'] - e:6.2f} {us['lib'] - e:5.2f}"
+                  f"{'' if same else '  DIFFERENT BITS'}", flush=True)
+            assert same, cell
 
 
 if __name__ == "__main__":
