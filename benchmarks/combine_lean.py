@@ -31,7 +31,7 @@ import contextlib
 
 import numpy as np
 
-from exact_cost import arguments, floor_launches
+from exact_cost import _weights, arguments, floor_launches
 
 CELLS = [(dt, n, B, H, D) for dt in ("bfloat16", "float16", "float32") for n in (2, 4, 8)
          for H, D in ((32, 128), (64, 128), (128, 512)) for B in (1, 8, 32)]
@@ -39,17 +39,11 @@ CELLS = [(dt, n, B, H, D) for dt in ("bfloat16", "float16", "float32") for n in 
 
 @contextlib.contextmanager
 def _bare_weights():
-    """Blocks kernels built, uncached, with one FFMA a LSE for the weights."""
-    from cupy_dcp.kernels import _blocks, _device
+    """Blocks kernels built, uncached, with one FFMA a LSE for the weights
+    (``exact_cost``'s ``bare`` weights)."""
+    from cupy_dcp.kernels import _blocks
 
-    zero, half, one = np.float32(0), np.float32(0.5), np.float32(1)
-
-    @_device.inline_device
-    def bare_weights(lses, weights, count, base_e):
-        for r in range(count):
-            weights[r] = lses[r] * zero + half  # one FFMA on the loaded LSE: it stays live
-        return zero, one
-
+    bare_weights = _weights("bare")
     saved = _blocks.held_weights
     _blocks.held_weights = lambda: bare_weights
     try:
