@@ -118,6 +118,13 @@ class DeviceArray:
             span += (extent - 1) * (stride // item)
         return DeviceArray(self.ptr, (span,), (item,), self.dtype, self.owner)
 
+    def element_strides(self):
+        """The strides of the first two axes in elements (0 along an axis of one): the
+        ``s_0, s_1`` at which a kernel finds ``(i, j, k)`` in :meth:`span`."""
+        item = self.dtype.itemsize
+        return tuple(stride // item if extent > 1 else 0
+                     for extent, stride in zip(self.shape[:2], self.strides[:2]))
+
     def nothing(self):
         """A 1-D view of no elements at this array's pointer."""
         return DeviceArray(self.ptr, (0,), (self.dtype.itemsize,), self.dtype, self.owner)

@@ -36,7 +36,7 @@ from ._rows import MAX_GRID_Z, MAX_REGISTERS, UNROLL, WARP
 from ._trailer import CALL, TOKENS, WORDS
 
 __all__ = ["LEAD_MOST_BLOCKS", "TOKEN_BLOCKS_MOST", "TOKEN_BYTES_MOST", "by_tokens",
-           "element_strides", "signs_ahead", "tokens_kernel"]
+           "signs_ahead", "tokens_kernel"]
 
 # This kernel takes at most TOKEN_BLOCKS_MOST tokens, or more where the input holds at
 # most TOKEN_BYTES_MOST bytes: beyond both, ``pack``'s kernels were as fast or faster in
@@ -69,13 +69,6 @@ def signs_ahead(grid):
     own (the ``lead`` twin of :func:`tokens_kernel`): at most :data:`LEAD_MOST_BLOCKS`
     blocks."""
     return grid[0] * grid[1] * grid[2] <= LEAD_MOST_BLOCKS
-
-
-def element_strides(data):
-    """``data``'s token and head strides in elements (0 along an axis of one)."""
-    item = data.dtype.itemsize
-    return tuple(stride // item if extent > 1 else 0
-                 for extent, stride in zip(data.shape[:2], data.strides[:2]))
 
 
 @functools.cache
@@ -251,8 +244,8 @@ def tokens_kernel(bits, group, masked=True, signed=False, lead=False):
     input ``[B, H, D]``'s flat view), the LSE bits ``[B, H]`` (uint32), ``seq_lens``,
     ``query_start_loc``, ``num_seqs`` (as ``pack.pack_launch`` takes them), flat views
     of ``send`` and ``recv`` ``[N, B', H/N, W]``, ``self_rank``, then ``H/N``, ``W``,
-    ``D``, the input's token and head strides in elements (:func:`element_strides`)
-    and ``B'``; ``signed``: then the plan's ``(signature, state)``. Launched on
+    ``D``, the input's token and head strides in elements
+    (:meth:`DeviceArray.element_strides`) and ``B'``; ``signed``: then the plan's ``(signature, state)``. Launched on
     ``tile_grid(H/N, B, group, N)`` with its z equal to ``B`` (:func:`by_tokens`);
     ``lead`` (signed only): with one more plane along z, the first, whose first block
     signs the chunks (:func:`signs_ahead`)."""

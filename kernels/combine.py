@@ -426,13 +426,10 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None
         threads = block_threads(out.shape[2])
         kernel = combine_kernel(dtype, codec in PAIRS, threads, shards,
                                 block_values(out.shape[2]), True, signed is not None)
-        item = out.dtype.itemsize
         lse_warp = write_lse and rows <= LSE_WARP_ROWS
         args = (recv_vals.flat(), recv_bits.flat(), out_flat, out_lse,
                 2 if lse_warp else int(write_lse), int(bool(is_lse_base_on_e)), heads, width,
-                chunk_tokens * heads * width, out.shape[2],
-                *(stride // item if extent > 1 else 0
-                  for extent, stride in zip(out.shape[:2], out.strides[:2])))
+                chunk_tokens * heads * width, out.shape[2], *out.element_strides())
         if signed is not None:
             args += (recv_bits, status, state)
         return kernel, (out.shape[1] + (signed is not None), out.shape[0], 1), \

@@ -30,7 +30,7 @@ from ._device import device_functions
 from ._format import LSE_HALF_BITS, LSE_HALF_MASK
 from ._launch import SpecializedKernel, array_type
 from ._math import NEG_INF_BITS
-from ._pack_tokens import by_tokens, element_strides, signs_ahead, tokens_kernel
+from ._pack_tokens import by_tokens, signs_ahead, tokens_kernel
 from ._quad_rows import quad_row_packer
 from ._rows import MAX_GRID_Z, MAX_REGISTERS, UNROLL, WARP, lanes_per_row, tile_grid
 from ._specs import check_pack_args
@@ -569,7 +569,7 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
         return kernel, grid, block, (
             data.span(), lse_bits, seq_lens, query_start_loc, int(num_seqs), send.flat(),
             recv.flat(), int(self_rank), send.shape[2], send.shape[3], data.shape[2],
-            *element_strides(data), send.shape[1]) + ((signature, state) if signs else ())
+            *data.element_strides(), send.shape[1]) + ((signature, state) if signs else ())
     kernel = pack_kernel(data.dtype, group, wide, int(num_seqs) >= 0,
                          quad_rows(data, send, recv))
     return kernel, grid, block, (
