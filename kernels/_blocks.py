@@ -60,6 +60,11 @@ def _row_combiner(codec, shards, per, threads, lead=False):
     loaded, accumulators = shards * per, 2 * per
 
     @inline_device
+    def lse_at(row, r, chunk, width):
+        """The flat offset of rank ``r``'s LSE for the row at ``row`` in rank 0's chunk."""
+        return u32(u32(row + u32(u32(r) * u32(chunk))) + u32(width))
+
+    @inline_device
     def combine_row(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
                     chunk, d_count, o0, o1):
         h = u32(u32(cuda.blockIdx.x) - u32(1)) if lead else u32(cuda.blockIdx.x)
@@ -74,8 +79,7 @@ def _row_combiner(codec, shards, per, threads, lead=False):
         if t >= threads:  # the LSE warp (write_lse 2): its first thread
             if write_lse == 2 and t == threads:
                 for r in range(shards):
-                    lses[r] = read_lse(flat_vals, flat_bits,
-                                       u32(u32(row + u32(u32(r) * u32(chunk))) + u32(width)))
+                    lses[r] = read_lse(flat_vals, flat_bits, lse_at(row, r, chunk, width))
                 m, total = weigh(lses, weights, shards, base_e)
                 out_lse[b, h] = global_lse(total, m, base_e)
             return
@@ -86,8 +90,7 @@ def _row_combiner(codec, shards, per, threads, lead=False):
                 if e < d:
                     buf[r * per + k] = flat_vals[u32(at + e)]
         for r in range(shards):
-            lses[r] = read_lse(flat_vals, flat_bits,
-                               u32(u32(row + u32(u32(r) * u32(chunk))) + u32(width)))
+            lses[r] = read_lse(flat_vals, flat_bits, lse_at(row, r, chunk, width))
         m, total = sum_shards(buf, lses, weights, acc, base_e)
         dst = u32(u32(b * u32(o0)) + u32(h * u32(o1)))
         for k in range(per):
