@@ -463,8 +463,8 @@ class Communicator:
 
         Args:
             stream: a CuPy stream or raw handle; ``None`` is CuPy's current stream.
-            timeout: seconds; ``None`` uses :attr:`timeout`, and without one
-                it waits as long as it takes.
+            timeout: seconds; ``None`` uses :attr:`timeout`, else
+                :data:`DEFAULT_TIMEOUT` (600 s); ``math.inf``: no bound.
 
         Raises:
             RuntimeError: NCCL reported an asynchronous error, or the stream

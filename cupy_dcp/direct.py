@@ -39,6 +39,7 @@ them), and it must be closed.
 
 import ctypes
 import dataclasses
+import math
 import numbers
 import typing
 
@@ -170,8 +171,9 @@ class DcpDirectPlan(_Plan):
             is_lse_base_on_e: as for :class:`DcpA2APlan`.
         timeout: seconds a call waits for a peer's tile before it gives up
             (see the module docstring); ``None`` is the communicator's
-            ``timeout``, else 30 s. A number (not a bool: ``TypeError``), >
-            0 and at most 1e9 (``ValueError``).
+            ``timeout`` (at most 1e9 s: a communicator's ``math.inf`` waits
+            that long), else 30 s. A number (not a bool: ``TypeError``), > 0
+            and at most 1e9 (``ValueError``).
         pdl: launch calls as programmatic dependents (see the module
             docstring): ``True`` (``RuntimeError`` where a rank's GPU cannot),
             ``False``, or ``None``: where every rank has a GPU of its own that
@@ -206,8 +208,9 @@ class DcpDirectPlan(_Plan):
                          is_lse_base_on_e, timeout=timeout, pdl=pdl, protocols=protocols)
 
     def _own_settings(self, comm, timeout, pdl, protocols):
-        timeout = timeout if timeout is not None else comm.timeout
-        timeout = _check_kernel_timeout(DEFAULT_TIMEOUT if timeout is None else timeout)
+        if timeout is None:  # the communicator's, within the kernels' clock (inf: no bound)
+            timeout = DEFAULT_TIMEOUT if comm.timeout is None else min(comm.timeout, _MAX_TIMEOUT)
+        timeout = _check_kernel_timeout(timeout)
         # the ranks agree on the timeout too: a rank that gave up sooner would stop pushing
         return dict(timeout=timeout, pdl=_settings.pdl(pdl),
                     protocols=_settings.protocols(protocols))
@@ -379,9 +382,9 @@ class DcpDirectPlan(_Plan):
         """
         from .comm import drain
 
-        if timeout is None and self.comm.timeout is not None:
-            timeout = self.comm.timeout + self.timeout
-        if not drain(stream, timeout):
+        if timeout is None:
+            timeout = self.comm.limit() + self.timeout
+        if not drain(stream, None if timeout == math.inf else timeout):
             self.check()
             raise RuntimeError(f"rank {self.comm.rank}: the work on the stream did not "
                                f"complete within {timeout} s")
@@ -410,7 +413,7 @@ class DcpDirectPlan(_Plan):
             # Past the barrier every rank has done both: nobody writes into or maps
             # this window any more. The wait allows for a peer still in its last
             # combine's bounded wait.
-            limit = None if self.comm.timeout is None else self.comm.timeout + self.timeout
+            limit = self.comm.limit() + self.timeout
             self.comm.barrier("closing the direct path", limit)
             self._release(cupy)
 
