@@ -63,6 +63,9 @@ def _check_array(x, name):
     if not (hasattr(x, "shape") and hasattr(x, "dtype")):
         raise TypeError(f"{name} must be an array (NumPy, CuPy or any DLPack / CUDA array) "
                         f"(got {type(x).__name__})")
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{name} must not be a masked array: its mask would be ignored "
+                        "(pass its .data, or a mask through seq_lens)")
 
 
 def check_inputs(out, lse, world_size):
@@ -86,11 +89,11 @@ def check_inputs(out, lse, world_size):
     return B, H, D, dtype
 
 
-def lse_float32_dtype(dtype):
+def lse_float32_dtype(dtype, name="cp_attn_lse"):
     """The LSE is converted to float32 from any float dtype; integers are refused."""
     dt = _remembered(_LSE_DTYPES, dtype, _judge_lse)
     if dt is None:
-        raise TypeError(f"cp_attn_lse must be a float array (got dtype {dtype})")
+        raise TypeError(f"{name} must be a float array (got dtype {dtype})")
     return dt
 
 
@@ -110,18 +113,18 @@ def check_count(value, name, minimum):
     return int(value)
 
 
-def check_lse_range(lse):
+def check_lse_range(lse, name="cp_attn_lse"):
     """A host LSE wider than float32 must fit it: a finite value that would become
     +-inf (+inf means "empty") is a ``ValueError``."""
     if not isinstance(lse, np.ndarray) or lse.dtype.itemsize <= 4 or is_bfloat16(lse.dtype):
         return
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):  # (no warning under -W error either)
         beyond = np.isfinite(lse) & (np.abs(lse) > _FLOAT32_MAX)
-    if beyond.any():
-        beyond &= np.isinf(lse.astype(np.float32))  # what rounds to the largest float32 is fine
+        if beyond.any():
+            beyond &= np.isinf(lse.astype(np.float32))  # what rounds to the largest float32 is fine
     if beyond.any():
         where = tuple(int(i) for i in np.argwhere(beyond)[0])
-        raise ValueError(f"cp_attn_lse must fit float32: {float(lse[where])!r} at {where} is "
+        raise ValueError(f"{name} must fit float32: {float(lse[where])!r} at {where} is "
                          f"beyond +-{_FLOAT32_MAX:.6g} (got dtype {lse.dtype})")
 
 

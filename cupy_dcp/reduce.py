@@ -110,12 +110,14 @@ def _reduce(strategy, x, lse, comm, return_lse, base_e, out, seq_lens, query_sta
     host_call = _is_host_array(x) or _is_host_array(lse)
     call = comm.next_call() if host_call else None
     try:
+        check_consistency = _checks.check_flag(check_consistency, "check_consistency")
+        return_lse = _checks.check_flag(return_lse, "return_lse")
         base_e = _checks.check_flag(base_e, "is_lse_base_on_e")
         B, H, D, dtype, on_host = _check_call(x, lse, comm.world_size, out, seq_lens,
                                               query_start_loc)
-    except (ValueError, TypeError) as exc:
-        # every rank raises, none is left waiting in the exchange
-        if check_consistency:
+    except Exception as exc:
+        # every rank raises, none is left waiting in the exchange (whatever failed here)
+        if check_consistency is True:  # (not when it is the bad argument)
             comm.agree(name, dict(error=exc))
         elif host_call and comm.world_size > 1:
             comm.fail_together(name, exc)
@@ -123,7 +125,7 @@ def _reduce(strategy, x, lse, comm, return_lse, base_e, out, seq_lens, query_sta
     if check_consistency:
         comm.agree(name, dict(
             strategy=strategy, tokens=B, num_heads=H, head_dim=D, dtype=dtype.name,
-            return_lse=bool(return_lse), is_lse_base_on_e=base_e,
+            return_lse=return_lse, is_lse_base_on_e=base_e,
             masked=seq_lens is not None, arrays="host" if on_host else "device",
             call_number=call))
     if on_host:
@@ -171,6 +173,10 @@ def _check_call(x, lse, world_size, out, seq_lens, query_start_loc):
     if on_host[0] != on_host[1]:
         raise TypeError("cp_attn_out and cp_attn_lse must both be host (NumPy) or both be "
                         f"device arrays (got {type(x).__name__} and {type(lse).__name__})")
+    if on_host[0] and seq_lens is not None and not (
+            isinstance(seq_lens, np.ndarray) and isinstance(query_start_loc, np.ndarray)):
+        raise TypeError("host (NumPy) inputs take host seq_lens and query_start_loc (got "
+                        f"{type(seq_lens).__name__} and {type(query_start_loc).__name__})")
     _checks.check_lse_range(lse)
     return B, H, D, dtype, on_host[0]
 

@@ -4,6 +4,8 @@ Validation runs before anything is exchanged, so a Communicator over
 ``COMM_SELF`` whose ``world_size`` is set by hand stands in for a group of N.
 """
 
+import warnings
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -24,8 +26,20 @@ def _inputs(B=2, H=6, D=8, dtype=np.float16, seed=0):
             rng.uniform(-5, 5, (B, H)).astype(np.float32))
 
 
+class _DeviceLike:
+    """A device array's face (shape, dtype, no NumPy conversion)."""
+
+    def __init__(self, values):
+        self.shape, self.dtype = values.shape, values.dtype
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("no implicit conversion to a NumPy array")
+
+
 X, LSE = _inputs()
 I64 = np.int64
+_BEYOND = LSE.astype(np.float64)
+_BEYOND[1, 4] = -1e300
 
 # id: (kwargs of dcp_a2a_lse_reduce, exception, message)
 BAD = {
@@ -74,6 +88,20 @@ BAD = {
                                 query_start_loc=np.arange(3, dtype=I64)[None]), TypeError,
                            r"^query_start_loc must be a 1-D integer array "
                            r"\(got int64 of shape \(1, 3\)\)$"),
+    "masks-not-host": (dict(cp_attn_out=X, cp_attn_lse=LSE, seq_lens=_DeviceLike(np.ones(2, I64)),
+                            query_start_loc=_DeviceLike(np.arange(3, dtype=I64))), TypeError,
+                       r"^host \(NumPy\) inputs take host seq_lens and query_start_loc "
+                       r"\(got _DeviceLike and _DeviceLike\)$"),
+    "out-masked-array": (dict(cp_attn_out=np.ma.masked_array(X), cp_attn_lse=LSE), TypeError,
+                         r"^cp_attn_out must not be a masked array: its mask would be ignored"),
+    "lse-masked-array": (dict(cp_attn_out=X, cp_attn_lse=np.ma.masked_array(LSE)), TypeError,
+                         r"^cp_attn_lse must not be a masked array: its mask would be ignored"),
+    "lse-beyond-float32": (dict(cp_attn_out=X, cp_attn_lse=_BEYOND), ValueError,
+                           r"^cp_attn_lse must fit float32: -1e\+300 at \(1, 4\) is beyond"),
+    "return-lse-str": (dict(cp_attn_out=X, cp_attn_lse=LSE, return_lse="False"), TypeError,
+                       r"^return_lse must be True or False \(got 'False'\)$"),
+    "check-consistency-str": (dict(cp_attn_out=X, cp_attn_lse=LSE, check_consistency="no"),
+                              TypeError, r"^check_consistency must be True or False \(got 'no'\)$"),
     "comm-type": (dict(cp_attn_out=X, cp_attn_lse=LSE, comm="world"), TypeError,
                   r"^comm must be a cupy_dcp.Communicator or an mpi4py communicator \(got str\)$"),
 }
@@ -92,7 +120,8 @@ def test_bad_inputs_raise_and_leave_arrays_untouched(kwargs, error, message):
     kwargs = dict(kwargs)
     kwargs.setdefault("comm", _fake_group(2))
     before = _snapshot(kwargs)
-    with pytest.raises(error, match=message):
+    with pytest.raises(error, match=message), warnings.catch_warnings():
+        warnings.simplefilter("error")  # the error itself, not a warning on the way
         dcp_a2a_lse_reduce(**kwargs)
     for name, value in before.items():
         np.testing.assert_array_equal(_bytes(kwargs[name]), _bytes(value), err_msg=name)
