@@ -1,11 +1,13 @@
 """NumPy reference of the DCP combine: the oracle every kernel is tested against.
 
-Depends on NumPy (and ``ml_dtypes`` for bfloat16) only. It states the math of
-DESIGN.md in float64 on host arrays, with no attempt at speed.
+Depends on NumPy (and ``ml_dtypes`` for bfloat16) only. It states the math (the
+README's "The math") in float64 on host arrays, with no attempt at speed, and
+checks its inputs as the library's calls do.
 """
 
 import numpy as np
 
+from ._checks import check_flag, check_lse_range, lse_float32_dtype
 from .layout import as_dtype, bits_dtype, check_heads, lse_pack_dim
 
 __all__ = ["lse_weighted_combine", "pack_reference", "unpack_reference"]
@@ -35,14 +37,24 @@ def lse_weighted_combine(outputs, lses, return_lse=False, is_lse_base_on_e=True)
         ``[B, H, D]`` float32 (float64 for float64 input), accumulated in
         float64; with ``return_lse``, also the global LSE ``[B, H]`` of the same
         dtype (-inf where every shard is empty, whose output is 0).
+
+    Raises:
+        ValueError: ``outputs`` not ``[N, B, H, D]`` with N >= 1, or ``lses``
+            not ``[N, B, H]``.
+        TypeError: ``lses`` not a float array, or a flag not a bool.
     """
     outputs = np.asarray(outputs)
     lses = np.asarray(lses)
+    return_lse = check_flag(return_lse, "return_lse")
+    is_lse_base_on_e = check_flag(is_lse_base_on_e, "is_lse_base_on_e")
     if outputs.ndim != 4:
         raise ValueError(f"outputs must be [N, B, H, D] (got shape {outputs.shape})")
+    if outputs.shape[0] < 1:
+        raise ValueError(f"outputs must hold at least one shard (got shape {outputs.shape})")
     if lses.shape != outputs.shape[:3]:
         raise ValueError(
             f"lses must be [N, B, H] = {outputs.shape[:3]} (got shape {lses.shape})")
+    lse_float32_dtype(lses.dtype, "lses")
     result_dtype = np.float64 if outputs.dtype == np.float64 else np.float32
     exp, log = (np.exp, np.log) if is_lse_base_on_e else (np.exp2, np.log2)
 
@@ -85,9 +97,25 @@ def pack_reference(out, lse, world_size, mask=None):
         ``send [N, B, H/N, D + P]`` in ``out``'s dtype, where
         ``send[r, b, h, :D] = out[b, r*H/N + h]`` and the trailing ``P`` lanes
         hold the bits of ``float32(lse[b, r*H/N + h])``.
+
+    Raises:
+        ValueError: a shape is not as above, N does not divide H (or is below
+            1), or a finite LSE is beyond float32's range (it would read as an
+            empty shard's +inf).
+        TypeError: ``lse`` not a float array, ``out`` of another dtype, or N
+            not an integer.
     """
     out = np.asarray(out)
+    lse = np.asarray(lse)
+    if out.ndim != 3:
+        raise ValueError(f"out must be [B, H, D] (got shape {out.shape})")
     B, H, D = out.shape
+    if lse.shape != (B, H):
+        raise ValueError(f"lse must be [B, H] = {(B, H)} (got shape {lse.shape})")
+    if mask is not None and np.shape(mask) != (B,):
+        raise ValueError(f"mask must be [B] = {(B,)} (got shape {np.shape(mask)})")
+    lse_float32_dtype(lse.dtype, "lse")
+    check_lse_range(lse, "lse")
     check_heads(H, world_size)
     pack_dim = lse_pack_dim(out.dtype)
     ubits = bits_dtype(out.dtype)

@@ -5,7 +5,7 @@ import numpy.typing as npt
 
 __all__ = ["lse_weighted_combine", "pack_reference", "unpack_reference"]
 
-# ``[B, H, D]`` float64 (float32 for float32 inputs... see the docstring), or
+# ``[B, H, D]`` float32 (float64 for float64 inputs), accumulated in float64, or
 # ``(that, lse [B, H])`` with return_lse
 def lse_weighted_combine(outputs: npt.ArrayLike, lses: npt.ArrayLike, return_lse: bool = False,
                          is_lse_base_on_e: bool = True) -> Any: ...

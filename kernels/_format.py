@@ -16,6 +16,8 @@ direct kernels, the host twins) takes them from here; :func:`lse_lanes` and
 :func:`split_packed` are the host's (NumPy) side of the same.
 """
 
+import numbers
+
 import numpy as np
 
 __all__ = [
@@ -130,7 +132,13 @@ def bits_dtype(dtype):
 
 
 def check_heads(num_heads, world_size):
-    """Every rank keeps ``H/N`` heads: ``ValueError`` naming H and N unless N divides H."""
+    """Every rank keeps ``H/N`` heads: ``ValueError`` naming H and N unless N divides H
+    (``TypeError`` unless both are integers, ``ValueError`` unless ``N >= 1``)."""
+    for name, value in (("num_heads", num_heads), ("world_size", world_size)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an integer (got {type(value).__name__} {value!r})")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1 (got {world_size})")
     if num_heads % world_size:
         raise ValueError(
             f"num_heads must be divisible by world_size (got H={num_heads}, N={world_size})")
@@ -147,8 +155,15 @@ def c_strides(shape, itemsize):
 
 
 def send_buffer_shape(world_size, num_tokens, num_heads, head_dim, dtype):
-    """Shape ``(N, B, H/N, D + P)`` of the packed send (and receive) buffer."""
+    """Shape ``(N, B, H/N, D + P)`` of the packed send (and receive) buffer: ``ValueError``
+    for a negative B or H or a D below 1 (and as :func:`check_heads`)."""
     check_heads(num_heads, world_size)
+    for name, value, least in (("num_tokens", num_tokens, 0), ("num_heads", num_heads, 0),
+                               ("head_dim", head_dim, 1)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an integer (got {type(value).__name__} {value!r})")
+        if value < least:
+            raise ValueError(f"{name} must be >= {least} (got {value})")
     return (world_size, num_tokens, num_heads // world_size,
             head_dim + lse_pack_dim(dtype))
 

@@ -3,6 +3,7 @@ every rank, clear errors for freed or null communicators, bounded waits, and a g
 of one that follows the rules of a larger group."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -84,6 +85,24 @@ def test_the_lse_base_is_a_bool(base):
         cupy_dcp.dcp_a2a_lse_reduce(x, lse, MPI.COMM_SELF, is_lse_base_on_e=base)
     with pytest.raises(TypeError, match=match):
         cupy_dcp.DcpA2APlan(MPI.COMM_SELF, 4, 8, 16, "float32", is_lse_base_on_e=base)
+
+
+@pytest.mark.parametrize("flag", ["False", 1, None])
+def test_return_lse_is_a_bool(flag):
+    x, lse = np.ones((2, 4, 8), np.float32), np.zeros((2, 4), np.float32)
+    match = rf"^return_lse must be True or False \(got {flag!r}\)$"
+    with pytest.raises(TypeError, match=match):
+        cupy_dcp.dcp_a2a_lse_reduce(x, lse, MPI.COMM_SELF, return_lse=flag)
+    with pytest.raises(TypeError, match=match):
+        cupy_dcp.DcpA2APlan(MPI.COMM_SELF, 4, 8, 16, "float32", return_lse=flag)
+
+
+@pytest.mark.parametrize("dtype, shown", [(None, "None"), ("float64", "'float64'"),
+                                          (np.int8, "<class 'numpy.int8'>")])
+def test_a_plans_bad_dtype_is_named_as_given(dtype, shown):
+    match = rf"^dtype must be float16, bfloat16 or float32 \(got {re.escape(shown)}\)$"
+    with pytest.raises(TypeError, match=match):
+        cupy_dcp.DcpA2APlan(MPI.COMM_SELF, 4, 8, 16, dtype)
 
 
 def test_a_freed_communicator_is_a_clear_error():

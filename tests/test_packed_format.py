@@ -130,6 +130,48 @@ def test_pack_reference_needs_heads_divisible_by_world_size():
         send_buffer_shape(2, 1, 5, 8, np.float32)
 
 
+_X, _L = np.zeros((2, 4, 3), np.float16), np.zeros((2, 4), np.float32)
+_BEYOND = np.zeros((2, 4))
+_BEYOND[1, 3] = 1e300
+# id: (pack_reference's arguments, error, message)
+_BAD_PACKS = {
+    "out-2d": ((_X[0], _L[0], 2), ValueError, r"^out must be \[B, H, D\] \(got shape \(4, 3\)\)$"),
+    "lse-transposed": ((_X, _L.T, 2), ValueError,
+                       r"^lse must be \[B, H\] = \(2, 4\) \(got shape \(4, 2\)\)$"),
+    "lse-int": ((_X, _L.astype(np.int32), 2), TypeError,
+                r"^lse must be a float array \(got dtype int32\)$"),
+    "lse-beyond-float32": ((_X, _BEYOND, 2), ValueError,
+                           r"^lse must fit float32: 1e\+300 at \(1, 3\) is beyond"),
+    "world-size-0": ((_X, _L, 0), ValueError, r"^world_size must be >= 1 \(got 0\)$"),
+    "world-size-negative": ((_X, _L, -2), ValueError, r"^world_size must be >= 1 \(got -2\)$"),
+    "world-size-float": ((_X, _L, 2.0), TypeError,
+                         r"^world_size must be an integer \(got float 2.0\)$"),
+    "mask-shape": ((_X, _L, 2, np.zeros(3, bool)), ValueError,
+                   r"^mask must be \[B\] = \(2,\) \(got shape \(3,\)\)$"),
+    "out-float64": ((_X.astype(np.float64), _L, 2), ValueError,
+                    r"^output dtype must be float16, bfloat16 or float32"),
+}
+
+
+@pytest.mark.parametrize("args, error, message", _BAD_PACKS.values(), ids=_BAD_PACKS.keys())
+def test_pack_reference_checks_its_inputs(args, error, message):
+    with pytest.raises(error, match=message):
+        pack_reference(*args)
+
+
+@pytest.mark.parametrize("args, error, message", [
+    ((0, 1, 4, 8, np.float32), ValueError, r"^world_size must be >= 1 \(got 0\)$"),
+    ((2, -2, 4, 8, np.float32), ValueError, r"^num_tokens must be >= 0 \(got -2\)$"),
+    ((2, 1, -4, 8, np.float32), ValueError, r"^num_heads must be >= 0 \(got -4\)$"),
+    ((2, 1, 4, 0, np.float32), ValueError, r"^head_dim must be >= 1 \(got 0\)$"),
+    ((2, 1.0, 4, 8, np.float32), TypeError, r"^num_tokens must be an integer \(got float 1.0\)$"),
+], ids=["world-size", "tokens", "heads", "head-dim", "tokens-float"])
+def test_send_buffer_shape_checks_its_sizes(args, error, message):
+    with pytest.raises(error, match=message):
+        send_buffer_shape(*args)
+    assert send_buffer_shape(2, 0, 4, 1, np.float16) == (2, 0, 2, 3)
+
+
 def test_unpack_reference_checks_the_width():
     with pytest.raises(ValueError, match=r"^recv must be \[N, B, H/N, 8\+2\] \(got shape \(2, 1, 3, 9\)\)$"):
         unpack_reference(np.zeros((2, 1, 3, 9), np.float16), head_dim=8)

@@ -120,3 +120,18 @@ _BAD_SHAPES = {
 def test_bad_shapes_raise(outputs, lses, message):
     with pytest.raises(ValueError, match=message):
         lse_weighted_combine(outputs, lses)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(outputs=np.zeros((0, 2, 3, 4)), lses=np.zeros((0, 2, 3))), ValueError,
+     r"^outputs must hold at least one shard \(got shape \(0, 2, 3, 4\)\)$"),
+    (dict(lses=np.zeros((2, 2, 3), np.int64)), TypeError,
+     r"^lses must be a float array \(got dtype int64\)$"),
+    (dict(is_lse_base_on_e=None), TypeError, r"^is_lse_base_on_e must be True or False \(got None\)$"),
+    (dict(return_lse="no"), TypeError, r"^return_lse must be True or False \(got 'no'\)$"),
+], ids=["no-shards", "integer-lses", "base-none", "return-lse-str"])
+def test_bad_arguments_raise(kwargs, error, message):
+    args = dict(outputs=np.zeros((2, 2, 3, 4)), lses=np.zeros((2, 2, 3)))
+    args.update(kwargs)
+    with pytest.raises(error, match=message):
+        lse_weighted_combine(**args)
