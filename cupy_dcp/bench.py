@@ -42,7 +42,10 @@ STRATEGIES = ("raw_alltoall", "cupy_dcp_a2a", "ag_rs", "direct")
 
 def parse_args(argv=None, extra_cases=()):
     """The bench's arguments; ``extra_cases`` names strategies ``--strategies`` may add."""
-    p = argparse.ArgumentParser(prog="python -m cupy_dcp.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m cupy_dcp.bench", description=__doc__.split("\n\n")[0],
+        epilog="python -m cupy_dcp.bench --startup instead times a plan's start-up in fresh "
+               "processes (its options: python -m cupy_dcp.bench --startup --help)")
     ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
     p.add_argument("--tokens", type=ints, default=[1, 8, 32, 128, 512, 2048])
     p.add_argument("--heads", type=int, default=128)
