@@ -151,7 +151,7 @@ class DeviceArray:
             root = self.owner
             while isinstance(root.base, np.ndarray):
                 root = root.base
-            flat = root.reshape(-1).view(np.uint8)
+            flat = root.ravel(order="K").view(np.uint8)  # (a view in C or F order)
             view = np.ndarray(self.shape, self.dtype, buffer=flat,
                               offset=self.ptr - flat.ctypes.data, strides=self.strides)
             return FakeCUDAArray(view)

@@ -73,6 +73,8 @@ def input_in_layout(to_device, x, strided):
         return to_device(wide)[:, :, ::2]
     if strided == "tokens_reversed":
         return to_device(np.ascontiguousarray(x[::-1]))[::-1]
+    if strided == "fortran":  # memory of its own in Fortran order
+        return to_device(np.asfortranarray(x))
     if strided:
         raise ValueError(f"unknown layout {strided!r}")
     return to_device(x)
@@ -130,7 +132,8 @@ def check_pack(to_device, to_host, dtype, n, b, h, d, rng, strided=False, lse_dt
     one of :data:`PACK_LAYOUTS` (``True``: the first): a [H, B, D] storage seen as
     [B, H, D] (rows unit-stride: read through a flat view), every other element of a
     [B, H, 2D] storage, and a token axis of negative stride (both read through the
-    strides). ``masked``: with ``seq_lens`` and ``query_start_loc`` (:func:`pack_mask`),
+    strides), or (``"fortran"``) an array of its own in Fortran order. ``masked``: with
+    ``seq_lens`` and ``query_start_loc`` (:func:`pack_mask`),
     whose empty tokens carry -inf."""
     xs, ls = make_inputs(rng, 1, b, h, d, dtype)
     x, lse = xs[0], ls[0]
@@ -205,13 +208,16 @@ def check_pack_quads(to_device, to_host, dtype, n, b, h, d, rng):
 
 
 def check_combine(to_device, to_host, dtype, n, b, h, d, rng, base_e=True, head_major=False,
-                  return_lse=True, lse_center=0.0, spread=5.0):
-    """unpack_combine agrees with lse_weighted_combine within 1 ulp of the output dtype."""
+                  return_lse=True, lse_center=0.0, spread=5.0, fortran=False):
+    """unpack_combine agrees with lse_weighted_combine within 1 ulp of the output dtype;
+    ``fortran``: the output is an array of its own in Fortran order."""
     xs, ls = make_inputs(rng, n, b, h, d, dtype, lse_center=lse_center, spread=spread)
     recv = np.stack([pack_reference(xs[k], ls[k], 1)[0] for k in range(n)])
     expect, expect_lse = lse_weighted_combine(xs, ls, return_lse=True, is_lse_base_on_e=base_e)
     if head_major:
         out = to_device(np.zeros((h, b, d), dtype=dtype)).transpose(1, 0, 2)
+    elif fortran:
+        out = to_device(np.zeros((b, h, d), dtype=dtype, order="F"))
     else:
         out = to_device(np.zeros((b, h, d), dtype=dtype))
     out_lse = to_device(np.zeros((b, h), dtype=np.float32)) if return_lse else None
