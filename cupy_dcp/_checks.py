@@ -141,7 +141,9 @@ def check_out(out, shape, dtype):
     except TypeError:
         got = out.dtype
     if got != dtype:
-        raise TypeError(f"out must have dtype {dtype} (got {out.dtype})")
+        order = " (the byte orders differ)" if got.newbyteorder("=") == dtype.newbyteorder("=") \
+            else ""
+        raise TypeError(f"out must have dtype {dtype} (got {out.dtype}){order}")
 
 
 def check_mask(seq_lens, query_start_loc):

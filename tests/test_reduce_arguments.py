@@ -88,6 +88,9 @@ BAD = {
                                 query_start_loc=np.arange(3, dtype=I64)[None]), TypeError,
                            r"^query_start_loc must be a 1-D integer array "
                            r"\(got int64 of shape \(1, 3\)\)$"),
+    "result-byte-order": (dict(cp_attn_out=X.astype(">f2"), cp_attn_lse=LSE,
+                               out=np.empty((2, 3, 8), np.float16)), TypeError,
+                          r"^out must have dtype >f2 \(got float16\) \(the byte orders differ\)$"),
     "masks-not-host": (dict(cp_attn_out=X, cp_attn_lse=LSE, seq_lens=_DeviceLike(np.ones(2, I64)),
                             query_start_loc=_DeviceLike(np.arange(3, dtype=I64))), TypeError,
                        r"^host \(NumPy\) inputs take host seq_lens and query_start_loc "
