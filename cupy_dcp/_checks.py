@@ -8,6 +8,7 @@ import numbers
 
 import numpy as np
 
+from .kernels._format import check_not_overlapping
 from .layout import as_dtype, check_heads, is_bfloat16, is_supported
 
 __all__ = ["check_count", "check_flag", "check_inputs", "check_lse_range", "check_mask",
@@ -144,6 +145,9 @@ def check_out(out, shape, dtype):
         order = " (the byte orders differ)" if got.newbyteorder("=") == dtype.newbyteorder("=") \
             else ""
         raise TypeError(f"out must have dtype {dtype} (got {out.dtype}){order}")
+    strides = getattr(out, "strides", None)  # (NumPy's and CuPy's; others at the launch)
+    if isinstance(strides, tuple):
+        check_not_overlapping(out.shape, strides, got.itemsize, "out")
 
 
 def check_mask(seq_lens, query_start_loc):

@@ -26,7 +26,7 @@ from .kernels import _trailer
 from .comm import _cupy_problem, as_communicator
 from .layout import as_dtype, bits_dtype, c_strides, check_heads, lse_pack_dim
 from .kernels._arrays import (_cupy, as_cupy, cupy_stream, cupy_view, dummy_index,
-                               kernel_array, pointer_device, stream_ptr)
+                               kernel_array, output_array, pointer_device, stream_ptr)
 from .kernels._launch import DeviceArray, choose_launcher
 from .kernels.agrs import correct_launch, finish_launch, mask_launch
 from .kernels.combine import combine_codec, combine_launch
@@ -240,7 +240,8 @@ class _Plan:
             with cupy.cuda.Device(self.comm.device):
                 ptr = stream_ptr(stream)
                 x_bits = kernel_array(cp_attn_out, self.bits, "cp_attn_out")
-                result_arr = kernel_array(result, self._value, "out")
+                result_arr = (kernel_array if out is None else output_array)(result, self._value,
+                                                                            "out")
                 lse, mask, in_place = self._stage_inputs(B, cp_attn_lse, seq_lens,
                                                          query_start_loc, ptr)
                 self._check_device(cp_attn_out=x_bits, cp_attn_lse=lse, out=result_arr)
@@ -249,7 +250,8 @@ class _Plan:
                     given = x_bits
                     x_bits, result_arr, copy_out = self._word_arrays(B, x_bits, result_arr, ptr)
                     in_place = in_place and x_bits is given and copy_out is None
-                lse_arr = None if result_lse is None else kernel_array(result_lse, np.float32,
+                lse_arr = None if result_lse is None else (
+                    kernel_array if out_lse is None else output_array)(result_lse, np.float32,
                                                                        "out_lse")
                 steps = self._run(B, x_bits, lse, mask, result_arr, lse_arr, ptr)
                 if copy_out is not None:

@@ -11,11 +11,11 @@ arrays stand for device arrays.
 import numpy as np
 from numba import config, cuda
 
-from ._format import c_strides
+from ._format import c_strides, check_not_overlapping
 from ._launch import DeviceArray
 
-__all__ = ["as_cupy", "cupy_stream", "cupy_view", "dummy_index", "kernel_array", "pointer_device",
-           "stream_ptr"]
+__all__ = ["as_cupy", "cupy_stream", "cupy_view", "dummy_index", "kernel_array", "output_array",
+           "pointer_device", "stream_ptr"]
 
 
 _CUPY = []  # CuPy, or None where it cannot be imported: looked up once
@@ -86,6 +86,14 @@ def cupy_stream(ptr):
     with warnings.catch_warnings():  # CuPy 14 prefers Stream.from_external; older ones lack it
         warnings.simplefilter("ignore", DeprecationWarning)
         return cupy.cuda.ExternalStream(ptr)
+
+
+def output_array(obj, dtype, name="array"):
+    """:func:`kernel_array` of an array a kernel writes: ``ValueError`` where elements
+    of it share memory (``_format.check_not_overlapping``)."""
+    arr = kernel_array(obj, dtype, name)
+    check_not_overlapping(arr.shape, arr.strides, arr.dtype.itemsize, name)
+    return arr
 
 
 def kernel_array(obj, dtype, name="array"):

@@ -145,6 +145,30 @@ def check_heads(num_heads, world_size):
     return num_heads // world_size
 
 
+def self_overlapping(shape, strides, itemsize):
+    """Whether two elements of an array of ``shape`` and byte ``strides`` may share
+    memory: taken by the size of their strides, each axis of more than one element
+    must step past all the bytes the axes below it reach (a stride of 0 never does).
+    Conservative: axes that interleave without a collision count as overlapping."""
+    if any(int(e) == 0 for e in shape):
+        return False  # no element at all
+    reach = itemsize
+    for stride, extent in sorted((abs(int(s)), int(e)) for e, s in zip(shape, strides) if e > 1):
+        if stride < reach:
+            return True
+        reach += stride * (extent - 1)
+    return False
+
+
+def check_not_overlapping(shape, strides, itemsize, name):
+    """``ValueError`` where an array written by a kernel has elements that share memory
+    (:func:`self_overlapping`): the writes of different rows would race."""
+    if self_overlapping(shape, strides, itemsize):
+        raise ValueError(f"{name} must not have elements that share memory (got shape "
+                         f"{tuple(shape)}, strides {tuple(strides)}): a stride of 0 or "
+                         "overlapping axes would make the kernels' writes race")
+
+
 def c_strides(shape, itemsize):
     """Byte strides of a C-contiguous array of ``shape``."""
     strides, step = [], itemsize

@@ -37,7 +37,7 @@ from numba import cuda, float32
 from numba.core import types
 
 from ._format import as_dtype
-from ._arrays import kernel_array, stream_ptr
+from ._arrays import kernel_array, output_array, stream_ptr
 from ._device import device_functions, inline_device, row_weights_of
 from ._launch import DeviceArray, SpecializedKernel, array_type
 from ._rows import UNROLL, WARP, lanes_per_row, row_cursor, row_grid, tile_cursor, tile_grid
@@ -521,7 +521,7 @@ def agrs_correct(data, lses, self_rank, corrected, is_lse_base_on_e=True, stream
     _, value = combine_codec(dtype)
     kernel, grid, block, args = correct_launch(
         dtype, kernel_array(data, value, "data"), kernel_array(lses, np.float32, "lses"),
-        self_rank, is_lse_base_on_e, kernel_array(corrected, np.float32, "corrected"))
+        self_rank, is_lse_base_on_e, output_array(corrected, np.float32, "corrected"))
     if data.shape[0]:
         kernel(grid, block, stream_ptr(stream), args)
 
@@ -534,9 +534,9 @@ def agrs_finish(summed, lses, self_rank, out, out_lse=None, is_lse_base_on_e=Tru
     faster."""
     dtype = as_dtype(out.dtype)
     _, value = combine_codec(dtype)
-    lse_arr = None if out_lse is None else kernel_array(out_lse, np.float32, "out_lse")
+    lse_arr = None if out_lse is None else output_array(out_lse, np.float32, "out_lse")
     kernel, grid, block, args = finish_launch(
         dtype, kernel_array(summed, np.float32, "summed"), kernel_array(lses, np.float32, "lses"),
-        self_rank, is_lse_base_on_e, kernel_array(out, value, "out"), lse_arr)
+        self_rank, is_lse_base_on_e, output_array(out, value, "out"), lse_arr)
     if summed.shape[0]:
         kernel(grid, block, stream_ptr(stream), args)

@@ -30,7 +30,7 @@ from numba import cuda
 
 from numba.core import types
 
-from ._arrays import dummy_index, kernel_array, stream_ptr
+from ._arrays import dummy_index, kernel_array, output_array, stream_ptr
 from ._codecs import _BF16, _F16, PAIRS, RAW, RAW_BITS, codec_functions, combine_codec
 from ._device import device_functions, inline_device, row_weights_of
 from ._launch import DeviceArray, SpecializedKernel, array_type
@@ -379,9 +379,9 @@ def unpack_combine(recv, out, out_lse=None, is_lse_base_on_e=True, stream=None):
     if spec.tokens == 0:
         return
     _, value = combine_codec(spec.dtype)
-    lse_arr = None if out_lse is None else kernel_array(out_lse, np.float32, "out_lse")
+    lse_arr = None if out_lse is None else output_array(out_lse, np.float32, "out_lse")
     kernel, grid, block, args = combine_launch(
-        spec.dtype, kernel_array(recv, spec.bits, "recv"), kernel_array(out, value, "out"),
+        spec.dtype, kernel_array(recv, spec.bits, "recv"), output_array(out, value, "out"),
         lse_arr, is_lse_base_on_e)
     kernel(grid, block, stream_ptr(stream), args)
 

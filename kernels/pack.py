@@ -25,7 +25,7 @@ from numba import config, cuda
 
 from numba.core import types
 
-from ._arrays import dummy_index, kernel_array, stream_ptr
+from ._arrays import dummy_index, kernel_array, output_array, stream_ptr
 from ._device import device_functions
 from ._format import LSE_HALF_BITS, LSE_HALF_MASK
 from ._launch import SpecializedKernel, array_type
@@ -517,8 +517,8 @@ def pack_send(out, lse, send, stream=None, seq_lens=None, query_start_loc=None,
         qsl_arr = kernel_array(spec.index_as_int64(query_start_loc, ptr), np.int64,
                                "query_start_loc")
         num_seqs = int(seq_lens.shape[0])
-    send_arr = kernel_array(send, spec.bits, "send")
-    recv_arr = send_arr if recv is None else kernel_array(recv, spec.bits, "recv")
+    send_arr = output_array(send, spec.bits, "send")
+    recv_arr = send_arr if recv is None else output_array(recv, spec.bits, "recv")
     if recv is None:
         self_rank = -1
     kernel, grid, block, args = pack_launch(

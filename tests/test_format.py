@@ -6,7 +6,7 @@ import pytest
 
 from cupy_dcp import pack_reference
 from cupy_dcp.kernels._format import (BFLOAT16, LSE_HALF_BITS, LSE_HALF_MASK, bits_dtype,
-                                      lse_lanes, lse_pack_dim, split_packed)
+                                      lse_lanes, lse_pack_dim, self_overlapping, split_packed)
 
 DTYPES = [np.dtype(np.float16), BFLOAT16, np.dtype(np.float32)]
 
@@ -46,3 +46,24 @@ def test_split_packed_checks_the_width():
     with pytest.raises(ValueError, match=r"^recv's rows must have head_dim \+ 2 = 10 lanes "
                                          r"\(got shape \(2, 1, 3, 9\)\)$"):
         split_packed(np.zeros((2, 1, 3, 9), np.float16), head_dim=8)
+
+
+@pytest.mark.parametrize("shape, strides, overlapping", [
+    ((4, 2, 8), (32, 16, 2), False),           # C order
+    ((4, 2, 8), (2, 8, 16), False),            # Fortran order
+    ((4, 2, 8), (16, 64, 2), False),           # heads-major storage seen token-major
+    ((4, 2, 8), (44, 22, 2), False),           # padded rows
+    ((4, 2, 8), (-32, 16, 2), False),          # tokens reversed
+    ((4, 1, 8), (16, 999, 2), False),          # an axis of one element imposes nothing
+    ((0, 2, 8), (0, 0, 0), False),             # no element at all
+    ((4, 2, 8), (0, 16, 2), True),             # broadcast tokens
+    ((4, 2, 8), (32, 16, 0), True),            # broadcast values
+    ((4, 2, 8), (32, 8, 2), True),             # heads that overlap half a row
+    ((4, 2, 8), (16, 16, 2), True),            # tokens on top of heads
+    ((3, 3), (4, 8), True),                    # element (2, 0) is element (0, 1)
+    ((3, 2), (4, 6), True),                    # interleaved without a collision: refused too
+], ids=["c", "fortran", "heads_major", "padded", "reversed", "extent_one", "empty",
+        "broadcast_tokens", "broadcast_values", "half_rows", "tokens_on_heads", "colliding",
+        "interleaved"])
+def test_self_overlapping_judges_by_strides(shape, strides, overlapping):
+    assert self_overlapping(shape, strides, 2) is overlapping

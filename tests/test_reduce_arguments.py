@@ -91,6 +91,11 @@ BAD = {
     "result-byte-order": (dict(cp_attn_out=X.astype(">f2"), cp_attn_lse=LSE,
                                out=np.empty((2, 3, 8), np.float16)), TypeError,
                           r"^out must have dtype >f2 \(got float16\) \(the byte orders differ\)$"),
+    "result-overlapping": (dict(cp_attn_out=X, cp_attn_lse=LSE,
+                                out=np.lib.stride_tricks.as_strided(
+                                    np.empty((2, 3, 8), np.float16), strides=(16, 8, 2))),
+                           ValueError, r"^out must not have elements that share memory \(got "
+                           r"shape \(2, 3, 8\), strides \(16, 8, 2\)\)"),
     "masks-not-host": (dict(cp_attn_out=X, cp_attn_lse=LSE, seq_lens=_DeviceLike(np.ones(2, I64)),
                             query_start_loc=_DeviceLike(np.arange(3, dtype=I64))), TypeError,
                        r"^host \(NumPy\) inputs take host seq_lens and query_start_loc "
