@@ -670,14 +670,18 @@ def _plan_settings(world_size, max_tokens, num_heads, head_dim, dtype, return_ls
                    is_lse_base_on_e, strategy):
     """The fields of :class:`PlanSettings` from a plan's shared arguments, checked
     (``ValueError`` for a bad size, ``TypeError`` for a bad dtype)."""
+    given = dtype
     try:
-        given, dtype = dtype, as_dtype(dtype)
+        dtype = as_dtype(dtype)
         lse_pack_dim(dtype)
     except (TypeError, ValueError):
         raise TypeError(f"dtype must be float16, bfloat16 or float32 (got {given!r})") from None
     _checks.check_count(max_tokens, "max_tokens", 1)
     _checks.check_count(head_dim, "head_dim", 1)
     check_heads(_checks.check_count(num_heads, "num_heads", 1), world_size)
+    if max_tokens * num_heads >= 2 ** 31:  # the kernels number rows in 32 bits (with room)
+        raise ValueError(f"max_tokens * num_heads must be below 2**31 (got {max_tokens} * "
+                         f"{num_heads})")
     _checks.check_flag(is_lse_base_on_e, "is_lse_base_on_e")
     _checks.check_flag(return_lse, "return_lse")
     return dict(world_size=world_size, max_tokens=int(max_tokens), num_heads=int(num_heads),

@@ -10,6 +10,7 @@ from ._format import as_dtype, bits_dtype, check_heads, is_supported, lse_pack_d
 __all__ = ["check_combine_args", "check_pack_args"]
 
 MAX_RANKS = 256
+MAX_ROWS = 2 ** 32 - 1  # the kernels number a buffer's rows ([N, B, H/N] of them) in 32 bits
 
 
 def _shape(x):
@@ -58,6 +59,10 @@ def _spec(dtype, tokens, heads, head_dim, world_size):
 def _check_buffer(buf, name, shape, dtype):
     if _shape(buf) != shape:
         raise ValueError(f"{name} must have shape {shape} (got {_shape(buf)})")
+    rows = shape[0] * shape[1] * shape[2]
+    if rows > MAX_ROWS:
+        raise ValueError(f"{name} must hold at most 2**32 - 1 rows [N, B, H/N] (got {rows}): "
+                         "the kernels number rows in 32 bits")
     got = _dtype(buf, name)
     if got not in (dtype, bits_dtype(dtype)):
         raise TypeError(f"{name} must have dtype {dtype} (got {buf.dtype})")

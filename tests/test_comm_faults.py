@@ -98,7 +98,8 @@ def test_return_lse_is_a_bool(flag):
 
 
 @pytest.mark.parametrize("dtype, shown", [(None, "None"), ("float64", "'float64'"),
-                                          (np.int8, "<class 'numpy.int8'>")])
+                                          (np.int8, "<class 'numpy.int8'>"),
+                                          ("nonsense", "'nonsense'")])
 def test_a_plans_bad_dtype_is_named_as_given(dtype, shown):
     match = rf"^dtype must be float16, bfloat16 or float32 \(got {re.escape(shown)}\)$"
     with pytest.raises(TypeError, match=match):
@@ -182,3 +183,9 @@ def test_the_device_group_of_one_is_the_host_combine(dtype):
         np.testing.assert_array_equal(got, want.view(bits))
         np.testing.assert_array_equal(got_lse, want_lse)
     assert (got.reshape(9, -1)[[0, 3, 4, 8]] == 0).all() and not (got[1:3] == 0).all()
+
+
+def test_a_plan_of_more_rows_than_the_kernels_number_is_refused():
+    with pytest.raises(ValueError, match=r"^max_tokens \* num_heads must be below 2\*\*31 "
+                                         r"\(got 33554432 \* 64\)$"):
+        cupy_dcp.DcpA2APlan(MPI.COMM_SELF, 2 ** 25, 64, 1, "float32")

@@ -67,3 +67,19 @@ def test_split_packed_checks_the_width():
         "interleaved"])
 def test_self_overlapping_judges_by_strides(shape, strides, overlapping):
     assert self_overlapping(shape, strides, 2) is overlapping
+
+
+def test_buffers_of_more_rows_than_the_kernels_number_are_refused(monkeypatch):
+    """The kernels number a buffer's rows [N, B, H/N] in 32 bits: the launchers refuse
+    more (checked before any device work, so host arrays do here)."""
+    from cupy_dcp.kernels import _specs, pack_send, unpack_combine
+
+    monkeypatch.setattr(_specs, "MAX_ROWS", 15)
+    x, lse = np.zeros((4, 4, 3), np.float32), np.zeros((4, 4), np.float32)
+    send = np.zeros((2, 4, 2, 4), np.float32)  # 16 rows
+    match = r"^send must hold at most 2\*\*32 - 1 rows \[N, B, H/N\] \(got 16\)"
+    with pytest.raises(ValueError, match=match):
+        pack_send(x, lse, send)
+    with pytest.raises(ValueError, match=match.replace("send", "recv")):
+        unpack_combine(send, np.zeros((4, 2, 3), np.float32))
+    assert _specs.check_pack_args(x[:3], lse[:3], send[:, :3]).tokens == 3  # 12 rows pass
