@@ -19,7 +19,9 @@ DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float3
 
 
 def make_inputs(rng, n, b, h, d, dtype, adversarial=True, lse_center=0.0, spread=5.0):
-    """Random partials [N, B, H, D] and LSEs [N, B, H], with NaN/inf/empty patterns."""
+    """Random partials [N, B, H, D] and LSEs [N, B, H], with NaN/inf/empty patterns; where
+    B and H exceed 1, the last token's head 0 is a live row whose partials hold +inf (and
+    -inf where D > 1), which the output must carry."""
     xs = rng.standard_normal((n, b, h, d)).astype(np.float32)
     ls = (lse_center + rng.uniform(-spread, spread, size=(n, b, h))).astype(np.float32)
     if adversarial and b > 0:
@@ -30,6 +32,10 @@ def make_inputs(rng, n, b, h, d, dtype, adversarial=True, lse_center=0.0, spread
         xs[:, -1, h - 1] = np.nan                 # garbage partials in the empty row
         ls[n - 1, 0, h - 1] = -np.inf             # one empty shard with a NaN partial
         xs[n - 1, 0, h - 1] = np.nan
+        if b > 1 and h > 1 and spread <= 40.0:    # a live row (weights far from 0) with infinities
+            xs[0, -1, 0, 0] = np.inf
+            if d > 1:
+                xs[n - 1, -1, 0, d - 1] = -np.inf
     return xs.astype(dtype), ls
 
 
@@ -40,8 +46,13 @@ def assert_combine_close(got, expect, xs, ls, dtype, base_e=True):
     than their sum), with float32 weights, the sum carries an error of up to 16 float32 ulps of
     ``sum_r w_r |x_r|`` before the final rounding; the float64 oracle does not.
     """
+    finite = np.isfinite(expect)  # an infinite (or NaN) reference: the same value exactly
+    np.testing.assert_array_equal(got[~finite], expect[~finite], err_msg="non-finite outputs")
+    assert np.isfinite(got[finite]).all(), f"{int((~np.isfinite(got[finite])).sum())} " \
+        "outputs not finite where the reference is"
     magnitude = lse_weighted_combine(np.abs(xs.astype(np.float64)), ls, is_lse_base_on_e=base_e)
     tol = ulp(expect, dtype) + 16.0 * 2.0 ** -24 * magnitude
+    got, expect, tol = got[finite], expect[finite], tol[finite]
     err = np.abs(got - expect)
     bad = err > tol
     assert not bad.any(), (f"{int(bad.sum())} of {bad.size} outputs off; worst {err[bad].max():.3g} "
@@ -241,39 +252,43 @@ def stream_every_agrs_launch(monkeypatch):
     monkeypatch.setattr(agrs, "FINISH_STREAMS", 0)
 
 
-def check_agrs(to_device, to_host, dtype, n, b, hn, d, rng, base_e=True, head_major=False):
-    """The AG+RS kernels, N ranks simulated: correct on every rank, sum the terms
-    (what the reduce-scatter does), finish on rank 1; against the oracle."""
+def check_agrs(to_device, to_host, dtype, n, b, hn, d, rng, base_e=True, head_major=False,
+               lse_center=0.0, spread=5.0, strided=False):
+    """The AG+RS kernels, N ranks simulated: correct on every rank, sum the terms (what
+    the reduce-scatter does), finish on every rank; each rank's heads against the oracle.
+    ``strided``: the partials in a layout of :func:`input_in_layout`."""
     from cupy_dcp.kernels import agrs_correct, agrs_finish
 
     h = n * hn
-    xs, ls = make_inputs(rng, n, b, h, d, dtype)
+    xs, ls = make_inputs(rng, n, b, h, d, dtype, lse_center=lse_center, spread=spread)
     lses = to_device(np.ascontiguousarray(ls))
     terms = []
     for k in range(n):
         corrected = to_device(np.zeros((n, b, hn, d), dtype=np.float32))
-        agrs_correct(to_device(xs[k]), lses, k, corrected, is_lse_base_on_e=base_e)
+        agrs_correct(input_in_layout(to_device, xs[k], strided), lses, k, corrected,
+                     is_lse_base_on_e=base_e)
         terms.append(to_host(corrected).astype(np.float32))
-    rank = min(1, n - 1)
-    summed = np.zeros((b, hn, d), dtype=np.float32)
-    for term in terms:  # float32 sums, as the float32 reduce-scatter makes them
-        summed += term[rank]
-    if head_major:
-        out = to_device(np.zeros((hn, b, d), dtype=dtype)).transpose(1, 0, 2)
-    else:
-        out = to_device(np.zeros((b, hn, d), dtype=dtype))
-    out_lse = to_device(np.zeros((b, hn), dtype=np.float32))
-    agrs_finish(to_device(summed), lses, rank, out, out_lse, is_lse_base_on_e=base_e)
     expect, expect_lse = lse_weighted_combine(xs, ls, return_lse=True, is_lse_base_on_e=base_e)
-    heads = slice(rank * hn, (rank + 1) * hn)
-    got = to_host(out).astype(np.float64)
-    assert not np.isnan(got).any(), "NaN leaked into the output"
-    assert_combine_close(got, expect[:, heads], xs[:, :, heads], ls[:, :, heads], dtype, base_e)
-    g = to_host(out_lse).astype(np.float64)
-    ref = expect_lse[:, heads]
-    np.testing.assert_array_equal(np.isneginf(g), np.isneginf(ref))
-    finite = np.isfinite(ref)
-    np.testing.assert_allclose(g[finite], ref[finite], rtol=1e-6, atol=1e-5)
+    for rank in range(n):
+        summed = np.zeros((b, hn, d), dtype=np.float32)
+        for term in terms:  # float32 sums, as the float32 reduce-scatter makes them
+            summed += term[rank]
+        if head_major:
+            out = to_device(np.zeros((hn, b, d), dtype=dtype)).transpose(1, 0, 2)
+        else:
+            out = to_device(np.zeros((b, hn, d), dtype=dtype))
+        out_lse = to_device(np.zeros((b, hn), dtype=np.float32))
+        agrs_finish(to_device(summed), lses, rank, out, out_lse, is_lse_base_on_e=base_e)
+        heads = slice(rank * hn, (rank + 1) * hn)
+        got = to_host(out).astype(np.float64)
+        assert not np.isnan(got).any(), f"NaN leaked into rank {rank}'s output"
+        assert_combine_close(got, expect[:, heads], xs[:, :, heads], ls[:, :, heads], dtype,
+                             base_e)
+        g = to_host(out_lse).astype(np.float64)
+        ref = expect_lse[:, heads]
+        np.testing.assert_array_equal(np.isneginf(g), np.isneginf(ref))
+        finite = np.isfinite(ref)
+        np.testing.assert_allclose(g[finite], ref[finite], rtol=1e-6, atol=1e-5)
 
 
 def aligned_zeros(shape, dtype):

@@ -22,7 +22,8 @@ def host(x):
     return np.asarray(x)
 
 
-SHAPES = [(1, 2, 2, 1), (2, 2, 4, 3), (3, 1, 6, 8), (2, 3, 4, 72), (4, 1, 4, 33)]
+# (N, B, H, D); the combine takes H/N heads a rank, so every shape keeps a live row
+SHAPES = [(1, 2, 2, 1), (2, 2, 4, 3), (3, 1, 6, 8), (2, 3, 4, 72), (4, 1, 8, 33)]
 # and rows of more than one step (the wide pack): float32 and 16-bit values, and 16-bit
 # data as words (300 words a row)
 PACK_SHAPES = SHAPES + [(2, 1, 2, 577), (2, 2, 2, 600)]
@@ -123,6 +124,19 @@ def test_combine_adversarial(dtype, case):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", ["spread_e80", "near_3000", "heads_major", "every_other",
+                                  "tokens_reversed"])
+def test_agrs_adversarial(dtype, case):
+    """The AG+RS kernels against the reference at LSE spreads and offsets that stress the
+    weights, and from strided partials."""
+    from kernel_checks import check_agrs
+
+    kwargs = {"spread_e80": dict(spread=80.0), "near_3000": dict(lse_center=3000.0, spread=3.0)
+              }.get(case, dict(strided=case))
+    check_agrs(ident, host, dtype, 3, 3, 2, 9, np.random.default_rng(13), **kwargs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("d", [5, 72, 600], ids=["D5", "D72", "D600_wide"])
 def test_kernels_whose_blocks_loop_over_tokens(dtype, d, monkeypatch):
     """A grid capped at a block per row of heads: each block walks every token (the
@@ -143,12 +157,41 @@ def test_kernels_whose_blocks_loop_over_tokens(dtype, d, monkeypatch):
 
 
 def test_zero_tokens_is_a_no_op():
+    """Calls of no token write nothing: views of none of a buffer's tokens leave it as it was."""
     from cupy_dcp.kernels import pack_send, unpack_combine
-    send = np.full((2, 0, 2, 6), 7, dtype=np.float32)
-    pack_send(np.zeros((0, 4, 5), np.float32), np.zeros((0, 4), np.float32), send)
-    out = np.zeros((0, 2, 5), np.float32)
-    unpack_combine(send, out)
-    assert send.shape == (2, 0, 2, 6) and out.shape == (0, 2, 5)
+    sent = np.full((2, 3, 2, 6), 7, dtype=np.float32)
+    pack_send(np.zeros((0, 4, 5), np.float32), np.zeros((0, 4), np.float32), sent[:, :0])
+    np.testing.assert_array_equal(sent, 7)
+    received = np.ones((2, 3, 2, 6), dtype=np.float32)
+    combined = np.full((3, 2, 5), 7, dtype=np.float32)
+    lse = np.full((3, 2), 7, dtype=np.float32)
+    unpack_combine(received[:, :0], combined[:0], lse[:0])
+    np.testing.assert_array_equal(combined, 7)
+    np.testing.assert_array_equal(lse, 7)
+
+
+def test_kernels_refuse_outputs_whose_elements_share_memory():
+    """An output with a stride of 0 (a broadcast) or axes that overlap would have rows'
+    writes race: every kernel refuses it, and writes nothing."""
+    from cupy_dcp import pack_reference
+    from cupy_dcp.kernels import agrs_finish, pack_send, unpack_combine
+    from kernel_checks import make_inputs
+
+    strided = np.lib.stride_tricks.as_strided
+    rng = np.random.default_rng(3)
+    xs, ls = make_inputs(rng, 2, 3, 4, 5, np.dtype(np.float32))
+    recv = np.stack([pack_reference(xs[k], ls[k], 2)[0] for k in range(2)])
+    store = np.full(64, 7, np.float32)
+    match = r"must not have elements that share memory"
+    with pytest.raises(ValueError, match=r"^send " + match):
+        pack_send(xs[0], ls[0], strided(store, (2, 3, 2, 6), (0, 48, 24, 4)))
+    with pytest.raises(ValueError, match=r"^out " + match):
+        unpack_combine(recv, strided(store, (3, 2, 5), (20, 8, 4)))  # heads overlap
+    with pytest.raises(ValueError, match=r"^out_lse " + match):
+        unpack_combine(recv, np.zeros((3, 2, 5), np.float32), strided(store, (3, 2), (0, 4)))
+    with pytest.raises(ValueError, match=r"^out " + match):
+        agrs_finish(np.zeros((3, 2, 5), np.float32), ls, 0, strided(store, (3, 2, 5), (0, 20, 4)))
+    np.testing.assert_array_equal(store, 7)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
