@@ -246,3 +246,14 @@ def run_bounded(cmd, timeout, cwd=None, env=None):
         raise AssertionError(f"{' '.join(map(str, cmd))} did not end within {timeout} s; "
                              f"the output it had written:\n{out[-6000:]}") from None
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def skip_without_toolchain(reason):
+    """Skip a test that needs NVVM and the pinned toolchain where they are missing, or
+    fail it where ``CUPY_DCP_TOOLCHAIN=1`` says they must be there (CI sets it once it
+    has installed them: a broken install or a pin bump must not pass as a skip)."""
+    import pytest
+
+    if os.environ.get("CUPY_DCP_TOOLCHAIN") == "1":
+        pytest.fail(f"CUPY_DCP_TOOLCHAIN=1, yet: {reason}")
+    pytest.skip(reason)

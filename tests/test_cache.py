@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _helpers import job_results, mpiexec_env
+from _helpers import job_results, mpiexec_env, skip_without_toolchain
 
 from cupy_dcp import _settings
 from cupy_dcp.kernels import _cache
@@ -239,7 +239,7 @@ print(json.dumps(dict(_cache.stats(), made=made)))
 def test_cuda_ptx_without_a_gpu_is_cached_by_kernel(tmp_path):
     problem = _toolchain_problem()
     if problem:
-        pytest.skip(f"no NVVM here: {problem}")
+        skip_without_toolchain(f"no NVVM here: {problem}")
 
     def fill(group):
         proc = subprocess.run([sys.executable, "-c", PTX_FILL, str(group)], env=_env(tmp_path),

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from _helpers import mpiexec_env
+from _helpers import mpiexec_env, skip_without_toolchain
 
 from test_cache import _toolchain_problem, entries
 
@@ -24,7 +24,7 @@ def warm(folder, *extra):
 def test_warmup_fills_the_cache_for_a_named_capability(tmp_path):
     problem = _toolchain_problem()
     if problem:
-        pytest.skip(f"no NVVM here: {problem}")
+        skip_without_toolchain(f"no NVVM here: {problem}")
     first = warm(tmp_path, "--cc", "9.0", "--plans", "a2a")
     assert first.returncode == 0, first.stderr[-3000:]
     # the pack of words, with a mask and without one, and as many by tokens (a block row
