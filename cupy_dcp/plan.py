@@ -168,7 +168,8 @@ class _Plan:
                 strides, ``B <= max_tokens``.
             cp_attn_lse: ``[B, H]`` float device array (float32 is read in
                 place; other float dtypes are converted).
-            out: optional ``[B, H/N, D]`` result array, any strides.
+            out: optional ``[B, H/N, D]`` result array, any strides (no two
+                elements in the same memory: ``ValueError``).
             out_lse: optional ``[B, H/N]`` float32 array for the global LSE.
             seq_lens, query_start_loc: optional ``[S]``, ``[S+1]`` integer
                 device arrays marking empty and padding tokens (``S <=

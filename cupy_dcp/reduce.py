@@ -35,7 +35,8 @@ def dcp_a2a_lse_reduce(cp_attn_out, cp_attn_lse, comm, return_lse=False,
         is_lse_base_on_e: ``True`` for natural-log LSEs, ``False`` for base 2
             (anything else is a ``TypeError``).
         out: optional ``[B, H/N, D]`` writeable array of ``cp_attn_out``'s
-            dtype that receives the result (any strides).
+            dtype that receives the result (any strides; no two elements in
+            the same memory: ``ValueError``).
         seq_lens: optional ``[S]`` integers >= 0, this rank's KV length of each
             sequence; a sequence of length 0 contributes nothing.
         query_start_loc: ``[S+1]`` non-decreasing integers, the first token of

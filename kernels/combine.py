@@ -369,7 +369,8 @@ def unpack_combine(recv, out, out_lse=None, is_lse_base_on_e=True, stream=None):
             unsigned-integer twin), C-contiguous; ``recv[r]`` came from rank r.
         out: ``[B, H/N, D]`` float16, bfloat16 or float32 device array, any
             strides (token-major, or head-major storage ``[H/N, B, D]`` seen as
-            ``[B, H/N, D]``); written.
+            ``[B, H/N, D]``) but none whose elements share memory
+            (``ValueError``); written.
         out_lse: optional ``[B, H/N]`` float32 device array; receives the
             global LSE (-inf where every shard is empty).
         is_lse_base_on_e: natural-log LSEs; ``False`` for base 2.
