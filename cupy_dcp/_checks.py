@@ -4,11 +4,10 @@ The checks of values (masks, the LSE's range) read host arrays only: on device
 arrays they would cost a device-to-host synchronisation per call.
 """
 
-import numbers
 
 import numpy as np
 
-from .kernels._format import check_not_overlapping
+from .kernels._format import check_count, check_not_overlapping
 from .layout import as_dtype, check_heads, is_bfloat16, is_supported
 
 __all__ = ["check_count", "check_flag", "check_inputs", "check_lse_range", "check_mask",
@@ -103,15 +102,6 @@ def check_flag(value, name):
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False (got {value!r})")
     return bool(value)
-
-
-def check_count(value, name, minimum):
-    """``value`` must be an integer (not a bool) >= ``minimum``; returned as ``int``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer (got {type(value).__name__} {value!r})")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum} (got {value})")
-    return int(value)
 
 
 def check_lse_range(lse, name="cp_attn_lse"):

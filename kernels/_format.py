@@ -131,14 +131,21 @@ def bits_dtype(dtype):
     return np.dtype(np.uint16) if as_dtype(dtype).itemsize == 2 else np.dtype(np.uint32)
 
 
+def check_count(value, name, minimum=None):
+    """``value`` must be an integer (not a bool: ``TypeError``) >= ``minimum`` (``None``:
+    any; else ``ValueError``); returned as ``int``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer (got {type(value).__name__} {value!r})")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum} (got {value})")
+    return int(value)
+
+
 def check_heads(num_heads, world_size):
     """Every rank keeps ``H/N`` heads: ``ValueError`` naming H and N unless N divides H
     (``TypeError`` unless both are integers, ``ValueError`` unless ``N >= 1``)."""
-    for name, value in (("num_heads", num_heads), ("world_size", world_size)):
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be an integer (got {type(value).__name__} {value!r})")
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1 (got {world_size})")
+    check_count(num_heads, "num_heads")
+    check_count(world_size, "world_size", 1)
     if num_heads % world_size:
         raise ValueError(
             f"num_heads must be divisible by world_size (got H={num_heads}, N={world_size})")
@@ -182,12 +189,9 @@ def send_buffer_shape(world_size, num_tokens, num_heads, head_dim, dtype):
     """Shape ``(N, B, H/N, D + P)`` of the packed send (and receive) buffer: ``ValueError``
     for a negative B or H or a D below 1 (and as :func:`check_heads`)."""
     check_heads(num_heads, world_size)
-    for name, value, least in (("num_tokens", num_tokens, 0), ("num_heads", num_heads, 0),
-                               ("head_dim", head_dim, 1)):
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be an integer (got {type(value).__name__} {value!r})")
-        if value < least:
-            raise ValueError(f"{name} must be >= {least} (got {value})")
+    check_count(num_tokens, "num_tokens", 0)
+    check_count(num_heads, "num_heads", 0)
+    check_count(head_dim, "head_dim", 1)
     return (world_size, num_tokens, num_heads // world_size,
             head_dim + lse_pack_dim(dtype))
 

@@ -245,10 +245,10 @@ def tokens_kernel(bits, group, masked=True, signed=False, lead=False):
     ``query_start_loc``, ``num_seqs`` (as ``pack.pack_launch`` takes them), flat views
     of ``send`` and ``recv`` ``[N, B', H/N, W]``, ``self_rank``, then ``H/N``, ``W``,
     ``D``, the input's token and head strides in elements
-    (:meth:`DeviceArray.element_strides`) and ``B'``; ``signed``: then the plan's ``(signature, state)``. Launched on
-    ``tile_grid(H/N, B, group, N)`` with its z equal to ``B`` (:func:`by_tokens`);
-    ``lead`` (signed only): with one more plane along z, the first, whose first block
-    signs the chunks (:func:`signs_ahead`)."""
+    (:meth:`DeviceArray.element_strides`) and ``B'``; ``signed``: then the plan's
+    ``(signature, state)``. Launched on ``tile_grid(H/N, B, group, N)`` with its z
+    equal to ``B`` (:func:`by_tokens`); ``lead`` (signed only): with one more plane
+    along z, the first, whose first block signs the chunks (:func:`signs_ahead`)."""
     i64 = types.int64
     flat = array_type(bits, 1, True)
     index = array_type(np.int64, 1, True)

@@ -530,9 +530,8 @@ def agrs_finish(summed, lses, self_rank, out, out_lse=None, is_lse_base_on_e=Tru
     """Round the reduce-scattered sums ``summed [B, H/N, D]`` (float32) into ``out``
     (``[B, H/N, D]``, any strides whose elements do not share memory) and the global
     LSE of this rank's heads into ``out_lse [B, H/N]`` (float32), from every rank's
-    ``lses [N, B, H]``. A
-    C-contiguous ``out`` takes the flat kernel (:func:`finishes_flat`), the same bits
-    faster."""
+    ``lses [N, B, H]``. A C-contiguous ``out`` takes the flat kernel
+    (:func:`finishes_flat`), the same bits faster."""
     dtype = as_dtype(out.dtype)
     _, value = combine_codec(dtype)
     lse_arr = None if out_lse is None else output_array(out_lse, np.float32, "out_lse")

@@ -77,24 +77,15 @@ def test_plan_sizes_are_checked(max_tokens, error, match):
         cupy_dcp.DcpA2APlan(MPI.COMM_SELF, max_tokens, 8, 16, "float32")
 
 
-@pytest.mark.parametrize("base", [None, "e", 1])
-def test_the_lse_base_is_a_bool(base):
+@pytest.mark.parametrize("name, value", [("is_lse_base_on_e", v) for v in (None, "e", 1)] +
+                         [("return_lse", v) for v in ("False", 1, None)])
+def test_the_flags_are_bools(name, value):
     x, lse = np.ones((2, 4, 8), np.float32), np.zeros((2, 4), np.float32)
-    match = rf"^is_lse_base_on_e must be True or False \(got {base!r}\)$"
+    match = rf"^{name} must be True or False \(got {value!r}\)$"
     with pytest.raises(TypeError, match=match):
-        cupy_dcp.dcp_a2a_lse_reduce(x, lse, MPI.COMM_SELF, is_lse_base_on_e=base)
+        cupy_dcp.dcp_a2a_lse_reduce(x, lse, MPI.COMM_SELF, **{name: value})
     with pytest.raises(TypeError, match=match):
-        cupy_dcp.DcpA2APlan(MPI.COMM_SELF, 4, 8, 16, "float32", is_lse_base_on_e=base)
-
-
-@pytest.mark.parametrize("flag", ["False", 1, None])
-def test_return_lse_is_a_bool(flag):
-    x, lse = np.ones((2, 4, 8), np.float32), np.zeros((2, 4), np.float32)
-    match = rf"^return_lse must be True or False \(got {flag!r}\)$"
-    with pytest.raises(TypeError, match=match):
-        cupy_dcp.dcp_a2a_lse_reduce(x, lse, MPI.COMM_SELF, return_lse=flag)
-    with pytest.raises(TypeError, match=match):
-        cupy_dcp.DcpA2APlan(MPI.COMM_SELF, 4, 8, 16, "float32", return_lse=flag)
+        cupy_dcp.DcpA2APlan(MPI.COMM_SELF, 4, 8, 16, "float32", **{name: value})
 
 
 @pytest.mark.parametrize("dtype, shown", [(None, "None"), ("float64", "'float64'"),
