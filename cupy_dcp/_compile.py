@@ -4,9 +4,10 @@ A plan compiles, when it is built, every kernel that its calls can launch and
 no other: one variant of each kernel, the one its dtype and head size allow
 (16-bit data of an even head size moved as words, and combined in pairs; a
 plan stages arrays that cannot be seen as words, so it never launches the
-kernels that move 16 bits at a time there), and for the direct plan only the
-paths (word by word, in lines, in tiles) that some call of at most
-``max_tokens`` tokens takes on the blocks that every rank can hold
+kernels that move 16 bits at a time there; the pack of rows of more than one
+step in two, for partials aligned to 16 bytes and for others), and for the
+direct plan only the paths (word by word, in lines, in tiles) that some call
+of at most ``max_tokens`` tokens takes on the blocks that every rank can hold
 (:func:`direct_paths`).
 
 The kernels are listed as *tasks* (functions of no argument that build one
@@ -52,12 +53,14 @@ def a2a_tasks(dtype, head_dim, world_size=0, standalone=False):
                 for variant in variants]
 
     def pack(bits, elements):  # with a mask and without one; wide rows of words as
-        # aligned quads (a plan's buffers are aligned, and so is any CuPy allocation);
-        # rows of one step also a block row per token, signed in a plan (not outside)
+        # aligned quads (a plan's buffers are aligned, and so is any CuPy allocation),
+        # and word by word for partials that are not (quad_rows: a 16-byte aligned
+        # pointer, a unit-stride last axis); rows of one step also a block row per
+        # token, signed in a plan (not outside)
         wide, group = wide_rows(elements), lanes_per_row(elements)
-        tasks = [functools.partial(pack_kernel, np.dtype(bits), group, wide, masked,
-                                   wide and np.dtype(bits).itemsize == 4)
-                 for masked in (True, False)]
+        stores = (True, False) if wide and np.dtype(bits).itemsize == 4 else (False,)
+        tasks = [functools.partial(pack_kernel, np.dtype(bits), group, wide, masked, quads)
+                 for quads in stores for masked in (True, False)]
         if not wide:  # (signed: the rows' blocks sign, or a lead plane of blocks does)
             tasks += [functools.partial(tokens_kernel, np.dtype(bits), group, masked, *signs)
                       for masked in (True, False)

@@ -76,13 +76,13 @@ def test_a2a_variants():
     assert len(a2a_tasks(BF16, 512)) == 7
     assert len(a2a_tasks(np.dtype(np.float16), 512)) == 7
     assert len(a2a_tasks(np.dtype(np.float16), 511)) == 3  # an odd D: by 16 bits, wide
-    assert len(a2a_tasks(np.dtype(np.float32), 512)) == 3  # wide rows
+    assert len(a2a_tasks(np.dtype(np.float32), 512)) == 5  # wide rows: as quads and not
     # N from 2 to 8: the combine for its N, one for each number of values a lane that
     # it can move (combine_unroll: N = 2: 8, 4, 2; N = 8: 4, 2), and where a row fits
     # a block's step (at most 32 loads a thread) the signed one with a block a row
     assert len(a2a_tasks(BF16, 512, 2)) == 10
-    assert len(a2a_tasks(np.dtype(np.float32), 512, 8)) == 5  # 4 values a thread, 8 shards
-    assert len(a2a_tasks(np.dtype(np.float32), 1024, 8)) == 4  # 8 a thread: no block a row
+    assert len(a2a_tasks(np.dtype(np.float32), 512, 8)) == 7  # 4 values a thread, 8 shards
+    assert len(a2a_tasks(np.dtype(np.float32), 1024, 8)) == 6  # 8 a thread: no block a row
     tasks = a2a_tasks(BF16, 512, 2)
     tokens = [c.args for c in tasks if c.func is tokens_kernel]
     assert tokens == [(np.uint32, 32, masked, True, lead) for masked in (True, False)
@@ -100,10 +100,11 @@ def test_a2a_variants():
     assert masked.args[3] and not unmasked.args[3]
     assert masked.args[0] == unmasked.args[0] == np.uint32 and all(c.args[1] for c in combines)
     assert not masked.args[4] and not unmasked.args[4]  # rows of one step: word by word
-    masked, unmasked, *_ = a2a_tasks(np.dtype(np.float32), 512, 2)  # wide rows of words: as
-    assert masked.args[0] == np.uint32 and masked.args[4] and unmasked.args[4]  # aligned quads
-    masked, unmasked, *_ = a2a_tasks(BF16, 1152, 2)
-    assert masked.args[0] == np.uint32 and masked.args[4] and unmasked.args[4]
+    for wide in (a2a_tasks(np.dtype(np.float32), 512, 2), a2a_tasks(BF16, 1152, 2)):
+        # wide rows of words: as aligned quads, and word by word (unaligned partials)
+        packs = [c.args for c in wide[:4]]
+        assert packs == [(np.uint32, 32, True, masked, quads) for quads in (True, False)
+                         for masked in (True, False)]
     masked, unmasked, *combines = a2a_tasks(BF16, 511, 2)
     assert masked.args[0] == unmasked.args[0] == np.uint16
     assert not masked.args[4] and not unmasked.args[4]  # 16-bit values: one at a time
@@ -149,6 +150,62 @@ def test_direct_tasks_are_call_kernels_one_by_one():
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["checked", "48"]
+
+
+PACK_KERNELS = """
+from cupy_dcp.kernels._launch import DeviceArray, choose_launcher
+choose_launcher("numba")  # building a wrapper compiles nothing
+import numpy as np
+from cupy_dcp._compile import a2a_tasks
+from cupy_dcp.kernels._format import send_buffer_shape
+from cupy_dcp.kernels._trailer import trailer_rows
+from cupy_dcp.kernels.pack import pack_launch
+from cupy_dcp.layout import as_dtype
+
+def array(ptr, shape, dtype, strides=None, pad=0):
+    dtype = np.dtype(dtype)
+    if strides is None:
+        strides, step = [], dtype.itemsize
+        for extent in reversed(shape):
+            strides.insert(0, step)
+            step *= extent
+        strides[-1] *= 1 + pad  # pad: a last axis of every (1 + pad)-th value
+    return DeviceArray(ptr, shape, strides, dtype, None)
+
+index = array(1 << 20, (1,), np.int64)
+checked = 0
+for name, d in (("float32", 512), ("float32", 1024), ("bfloat16", 1152), ("bfloat16", 512),
+                ("float16", 64)):
+    dtype = as_dtype(name)
+    bits = np.dtype(np.uint32 if dtype.itemsize == 4 else np.uint16)
+    built = {(k._dispatcher, k.argtypes) for k in (t() for t in a2a_tasks(dtype, d, 2))}
+    n, b, h = 2, 8, 16
+    shape = send_buffer_shape(n, b, h, d, dtype)
+    rows = trailer_rows(shape[2], shape[3], dtype.itemsize)
+    shape = (n, b + rows) + tuple(shape[2:])
+    # the partials a plan passes to its pack (16-bit ones are seen as words, else staged):
+    # aligned; 4 bytes past an alignment; every other value of a wider array (float32)
+    layouts = [(1 << 30, 0), ((1 << 30) + 4, 0)] + ([(1 << 30, 1)] if bits.itemsize == 4 else [])
+    for ptr, pad in layouts:
+        data = array(ptr, (b, h, d), bits, pad=pad)
+        for masked in (-1, 3):
+            send = array(1 << 32, shape, bits)
+            recv = array(1 << 34, shape, bits)
+            kernel = pack_launch(data, array(1 << 36, (b, h), np.uint32), index, index, masked,
+                                 send, recv, 0, signed=(index, index))[0]
+            assert (kernel._dispatcher, kernel.argtypes) in built, (name, d, ptr, pad, masked)
+            checked += 1
+print("checked", checked)
+"""
+
+
+def test_a2a_tasks_hold_every_pack_a_plan_launches():
+    """A plan compiles at its start the pack that any of its calls launches: the wide
+    rows' pack as aligned quads and word by word (partials not 16-byte aligned)."""
+    proc = subprocess.run([sys.executable, "-c", PACK_KERNELS], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["checked", "24"]
 
 
 def test_build_shared_alone_runs_every_task_once():
