@@ -441,12 +441,21 @@ def dcp_plan(comm, max_tokens, num_heads, head_dim, dtype, return_lse=False,
     ``strategy``: ``"auto"`` (:class:`DcpDirectPlan` where :func:`direct_problem`
     finds nothing against it, else :class:`DcpA2APlan`), ``"direct"`` (raises
     where it cannot run) or ``"a2a"``. ``timeout``, ``pdl`` and ``protocols`` are
-    the direct plan's (see :class:`DcpDirectPlan`).
+    the direct plan's (see :class:`DcpDirectPlan`): with ``"a2a"`` they must be
+    ``None`` (``ValueError`` otherwise, raised before any collective); with
+    ``"auto"`` a plan that falls back to the all-to-all ignores them.
     """
     from .comm import as_communicator
 
     if strategy not in ("auto", "direct", "a2a"):
         raise ValueError(f"strategy must be 'auto', 'direct' or 'a2a' (got {strategy!r})")
+    if strategy == "a2a":
+        given = [f"{name}={value!r}" for name, value in
+                 (("timeout", timeout), ("pdl", pdl), ("protocols", protocols))
+                 if value is not None]
+        if given:
+            raise ValueError(f"timeout, pdl and protocols are the direct plan's; "
+                             f"strategy='a2a' takes none of them (got {', '.join(given)})")
     comm = as_communicator(comm)
     if strategy == "auto" and comm.world_size > 1 and direct_problem(comm) is None:
         try:

@@ -46,7 +46,11 @@ def test_plans_without_a_gpu_are_a_clear_runtime_error(make):
     (dict(strategy="nccl"), r"^strategy must be 'auto', 'direct' or 'a2a' \(got 'nccl'\)$"),
     (dict(strategy="direct", timeout=0), r"^timeout must be > 0 and <= 1e\+09 seconds \(got 0\)$"),
     (dict(strategy="direct", timeout=float("inf")), r"^timeout must be .* \(got inf\)$"),
-], ids=["strategy", "timeout", "infinite_timeout"])
+    (dict(strategy="a2a", timeout=5), r"^timeout, pdl and protocols are the direct plan's; "
+                                      r"strategy='a2a' takes none of them \(got timeout=5\)$"),
+    (dict(strategy="a2a", pdl=False, protocols=("words",)),
+     r"takes none of them \(got pdl=False, protocols=\('words',\)\)$"),
+], ids=["strategy", "timeout", "infinite_timeout", "a2a_timeout", "a2a_options"])
 def test_bad_plan_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         cupy_dcp.dcp_plan(MPI.COMM_SELF, 4, 8, 16, "float32", **kwargs)
