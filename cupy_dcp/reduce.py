@@ -3,6 +3,7 @@
 import numpy as np
 
 from . import _checks
+from ._host_arrays import host_view, is_host_array
 from ._signed import TRAILER_BYTES
 from .comm import as_communicator
 from .layout import bits_dtype, c_strides, round_from_float64, send_buffer_shape
@@ -11,10 +12,6 @@ from .kernels import (agrs_correct_host, agrs_lse_host, combine_host, mask_lse_h
 from .kernels._format import split_packed
 
 __all__ = ["dcp_a2a_lse_reduce", "dcp_ag_rs_lse_reduce"]
-
-
-def _is_host_array(x):
-    return isinstance(x, np.ndarray)
 
 
 def dcp_a2a_lse_reduce(cp_attn_out, cp_attn_lse, comm, return_lse=False,
@@ -58,14 +55,17 @@ def dcp_a2a_lse_reduce(cp_attn_out, cp_attn_lse, comm, return_lse=False,
             sender's signature (strategy, B, H, D, dtype, base, call number),
             which every receiver compares with its own.
 
-    Host (NumPy) arrays are exchanged with MPI; device arrays (CuPy, Numba,
-    or any array with ``__cuda_array_interface__`` or DLPack: PyTorch, JAX)
-    are read in place and exchanged with NCCL, through a cached
-    :class:`DcpA2APlan` (use a plan directly in decode loops and CUDA graphs).
+    Host arrays (NumPy, or any array whose DLPack device is the CPU: a
+    PyTorch CPU tensor, a JAX array on the CPU; bfloat16 too) are read in
+    place and exchanged with MPI; every array of a host call (``out`` and
+    the masks too) must be a host array. Device arrays (CuPy, Numba, or any
+    array with ``__cuda_array_interface__`` or DLPack: PyTorch, JAX) are read
+    in place and exchanged with NCCL, through a cached :class:`DcpA2APlan`
+    (use a plan directly in decode loops and CUDA graphs).
 
     Returns:
-        ``[B, H/N, D]`` in ``cp_attn_out``'s dtype (``out`` when given; a NumPy
-        array for host inputs, a CuPy array for device inputs): the exact
+        ``[B, H/N, D]`` in ``cp_attn_out``'s dtype (``out`` itself when given;
+        else a NumPy array for host inputs, a CuPy array for device inputs): the exact
         attention output of this rank's heads; with ``return_lse``, also the
         global LSE ``[B, H/N]`` float32. A group of one applies the same
         rules as a larger group (masks, NaN and +inf LSEs mean "empty":
@@ -108,12 +108,20 @@ def _reduce(strategy, x, lse, comm, return_lse, base_e, out, seq_lens, query_sta
     comm = as_communicator(comm)
     comm.check_usable()
     name = f"dcp_{strategy}_lse_reduce"
-    host_call = _is_host_array(x) or _is_host_array(lse)
+    host_call = is_host_array(x) or is_host_array(lse)
     call = comm.next_call() if host_call else None
+    given_out = out
     try:
         check_consistency = _checks.check_flag(check_consistency, "check_consistency")
         return_lse = _checks.check_flag(return_lse, "return_lse")
         base_e = _checks.check_flag(base_e, "is_lse_base_on_e")
+        if host_call:  # another framework's host arrays as NumPy views (bfloat16 too)
+            x, lse = host_view(x, "cp_attn_out"), host_view(lse, "cp_attn_lse")
+            out = None if out is None else host_view(out, "out")
+            if seq_lens is not None:
+                seq_lens = host_view(seq_lens, "seq_lens")
+            if query_start_loc is not None:
+                query_start_loc = host_view(query_start_loc, "query_start_loc")
         B, H, D, dtype, on_host = _check_call(x, lse, comm.world_size, out, seq_lens,
                                               query_start_loc)
     except Exception as exc:
@@ -141,7 +149,7 @@ def _reduce(strategy, x, lse, comm, return_lse, base_e, out, seq_lens, query_sta
                                  query_start_loc, dtype, (name, signature))
         if out is not None:
             out[...] = result
-            result = out
+            result = given_out
         return (result, result_lse) if return_lse else result
     if comm.world_size == 1:
         return _single_device(x, lse, out, return_lse, seq_lens, query_start_loc, stream, dtype)
@@ -170,13 +178,16 @@ def _check_call(x, lse, world_size, out, seq_lens, query_start_loc):
     if out is not None:
         _checks.check_out(out, (B, H // world_size, D), dtype)
     _checks.check_mask(seq_lens, query_start_loc)
-    on_host = _is_host_array(x), _is_host_array(lse)
+    on_host = isinstance(x, np.ndarray), isinstance(lse, np.ndarray)
     if on_host[0] != on_host[1]:
-        raise TypeError("cp_attn_out and cp_attn_lse must both be host (NumPy) or both be "
-                        f"device arrays (got {type(x).__name__} and {type(lse).__name__})")
+        raise TypeError("cp_attn_out and cp_attn_lse must both be host (NumPy, or on the CPU "
+                        "by DLPack) or both be device arrays (got "
+                        f"{type(x).__name__} and {type(lse).__name__})")
+    if on_host[0] and out is not None and not isinstance(out, np.ndarray):
+        raise TypeError(f"host inputs take a host out (got {type(out).__name__})")
     if on_host[0] and seq_lens is not None and not (
             isinstance(seq_lens, np.ndarray) and isinstance(query_start_loc, np.ndarray)):
-        raise TypeError("host (NumPy) inputs take host seq_lens and query_start_loc (got "
+        raise TypeError("host inputs take host seq_lens and query_start_loc (got "
                         f"{type(seq_lens).__name__} and {type(query_start_loc).__name__})")
     _checks.check_lse_range(lse)
     return B, H, D, dtype, on_host[0]

@@ -98,8 +98,11 @@ BAD = {
                            r"shape \(2, 3, 8\), strides \(16, 8, 2\)\)"),
     "masks-not-host": (dict(cp_attn_out=X, cp_attn_lse=LSE, seq_lens=_DeviceLike(np.ones(2, I64)),
                             query_start_loc=_DeviceLike(np.arange(3, dtype=I64))), TypeError,
-                       r"^host \(NumPy\) inputs take host seq_lens and query_start_loc "
+                       r"^host inputs take host seq_lens and query_start_loc "
                        r"\(got _DeviceLike and _DeviceLike\)$"),
+    "out-not-host": (dict(cp_attn_out=X, cp_attn_lse=LSE,
+                          out=_DeviceLike(np.empty((2, 3, 8), np.float16))), TypeError,
+                     r"^host inputs take a host out \(got _DeviceLike\)$"),
     "out-masked-array": (dict(cp_attn_out=np.ma.masked_array(X), cp_attn_lse=LSE), TypeError,
                          r"^cp_attn_out must not be a masked array: its mask would be ignored"),
     "lse-masked-array": (dict(cp_attn_out=X, cp_attn_lse=np.ma.masked_array(LSE)), TypeError,
