@@ -2,12 +2,15 @@
 
 Depends on NumPy (and ``ml_dtypes`` for bfloat16) only. It states the math (the
 README's "The math") in float64 on host arrays, with no attempt at speed, and
-checks its inputs as the library's calls do.
+checks its inputs as the library's calls do. It takes NumPy arrays, anything
+NumPy can convert, and other frameworks' CPU arrays through DLPack (bfloat16
+too: ``_host_arrays``).
 """
 
 import numpy as np
 
 from ._checks import check_flag, check_lse_range, lse_float32_dtype
+from ._host_arrays import host_view
 from .layout import as_dtype, bits_dtype, check_heads, lse_pack_dim
 
 __all__ = ["lse_weighted_combine", "pack_reference", "unpack_reference"]
@@ -43,8 +46,8 @@ def lse_weighted_combine(outputs, lses, return_lse=False, is_lse_base_on_e=True)
             not ``[N, B, H]``.
         TypeError: ``lses`` not a float array, or a flag not a bool.
     """
-    outputs = np.asarray(outputs)
-    lses = np.asarray(lses)
+    outputs = np.asarray(host_view(outputs, "outputs"))  # (another framework's CPU arrays
+    lses = np.asarray(host_view(lses, "lses"))  # by DLPack, bfloat16 too)
     return_lse = check_flag(return_lse, "return_lse")
     is_lse_base_on_e = check_flag(is_lse_base_on_e, "is_lse_base_on_e")
     if outputs.ndim != 4:
@@ -105,8 +108,8 @@ def pack_reference(out, lse, world_size, mask=None):
         TypeError: ``lse`` not a float array, ``out`` of another dtype, or N
             not an integer.
     """
-    out = np.asarray(out)
-    lse = np.asarray(lse)
+    out = np.asarray(host_view(out, "out"))
+    lse = np.asarray(host_view(lse, "lse"))
     if out.ndim != 3:
         raise ValueError(f"out must be [B, H, D] (got shape {out.shape})")
     B, H, D = out.shape
@@ -140,7 +143,7 @@ def unpack_reference(recv, head_dim):
         ``(partials [N, B, H/N, D]`` in ``recv``'s dtype, ``lses [N, B, H/N]``
         float32).
     """
-    recv = np.asarray(recv)
+    recv = np.asarray(host_view(recv, "recv"))
     dtype = as_dtype(recv.dtype)
     pack_dim = lse_pack_dim(dtype)
     if recv.ndim != 4 or recv.shape[-1] != head_dim + pack_dim:

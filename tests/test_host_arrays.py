@@ -153,3 +153,17 @@ def test_torch_cpu_tensors_on_the_host_path(dtype):
     assert got is out
     out_bits = out.view(torch.int16).numpy() if dtype != "float32" else out.numpy()
     np.testing.assert_array_equal(out_bits.view(np.uint8), want.view(np.uint8))
+
+
+def test_the_reference_takes_other_frameworks_arrays():
+    rng = np.random.default_rng(5)
+    outputs = rng.standard_normal((2, 3, 4, 5)).astype(np.float32).astype(BF16)
+    lses = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    want = cupy_dcp.lse_weighted_combine(outputs, lses, return_lse=True)
+    got = cupy_dcp.lse_weighted_combine(_Exporter(outputs, code=4), _Exporter(lses),
+                                        return_lse=True)
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(g, w)
+    send = cupy_dcp.pack_reference(_Exporter(outputs[0], code=4), _Exporter(lses[0]), 2)
+    np.testing.assert_array_equal(send.view(np.uint16),
+                                  cupy_dcp.pack_reference(outputs[0], lses[0], 2).view(np.uint16))
