@@ -20,8 +20,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["AGREE", "DATA", "FAILED", "TRAILER_BYTES", "exchange", "failure_message",
-           "first_difference", "verdict", "write_trailer"]
+__all__ = ["AGREE", "DATA", "FAILED", "TRAILER_BYTES", "check_notices", "exchange",
+           "failure_message", "first_difference", "give_up_on_all", "verdict", "write_trailer"]
 
 TRAILER_BYTES = 128
 _WORDS = TRAILER_BYTES // 8
@@ -128,8 +128,11 @@ def exchange(comm, send, recv, what, limit):
         if now > deadline:
             _give_up(comm, what, waiting, limit, (requests, send, recv, got))
         if now > start + SPIN_S:
+            # a peer that gave up on this rank: raise now (a large message of ours may
+            # never leave, since nobody takes it), keeping the buffers MPI may still use
+            check_notices(comm, (requests, send, recv, got))
             time.sleep(50e-6)
-    _check_notices(comm)
+    check_notices(comm)
     return got
 
 
@@ -148,11 +151,25 @@ def _give_up(comm, what, waiting, limit, keep):
     raise RuntimeError(reason)
 
 
-def _check_notices(comm):
+def give_up_on_all(comm):
+    """Tell every peer that this rank gave up waiting (a collective timed out): each
+    raises at its next check (:func:`check_notices`) instead of waiting its own
+    timeout."""
+    for p in range(comm.world_size):
+        if p != comm.rank:
+            comm._abandoned.append(comm.mpi_comm.Isend([np.zeros(1, np.uint8), MPI.BYTE],
+                                                        dest=p, tag=_GAVE_UP_TAG))
+
+
+def check_notices(comm, pending=None):
+    """Raise ``RuntimeError`` (and mark ``comm`` unusable) if a peer gave up waiting
+    for this rank; ``pending``: what MPI may still use, kept alive then."""
     status = MPI.Status()
     message = comm.mpi_comm.Improbe(source=MPI.ANY_SOURCE, tag=_GAVE_UP_TAG, status=status)
     if message is None:
         return
+    if pending is not None:
+        comm._abandoned.append(pending)
     message.Recv([np.empty(1, np.uint8), MPI.BYTE])
     reason = (f"rank {status.Get_source()} gave up waiting for rank {comm.rank} (it arrived "
               "after the timeout): this call's result is void and the communicator is "

@@ -207,7 +207,8 @@ class Communicator:
         """Wait for every rank, within ``timeout`` seconds (``None``: :attr:`timeout`,
         when one is set); late, a ``RuntimeError`` naming ``what``."""
         self.check_usable()
-        self._wait(self.mpi_comm.Ibarrier(), what, None, None, timeout)
+        limit = self.limit(timeout)  # (a bad timeout raises before anything is posted)
+        self._wait(self.mpi_comm.Ibarrier(), what, None, None, limit)
 
     def nccl(self):
         """The NCCL communicator of this group, built on first use (collective).
@@ -306,22 +307,25 @@ class Communicator:
                 and the job should be aborted.
         """
         self._check_host()
+        limit = self.limit()
         # Always the nonblocking form: MPI never matches a blocking collective with a
         # nonblocking one, so ranks with and without a timeout must issue the same call.
         request = self.mpi_comm.Ialltoall([send.view("u1"), MPI.BYTE], [recv.view("u1"), MPI.BYTE])
-        self._wait(request, "all-to-all", send, recv)
+        self._wait(request, "all-to-all", send, recv, limit)
 
     def allgather_host(self, send, recv):
         """All-gather host arrays: ``recv[r]`` (first axis N) receives rank r's ``send``."""
         self._check_host()
+        limit = self.limit()
         request = self.mpi_comm.Iallgather([send.view("u1"), MPI.BYTE], [recv.view("u1"), MPI.BYTE])
-        self._wait(request, "all-gather", send, recv)
+        self._wait(request, "all-gather", send, recv, limit)
 
     def reduce_scatter_host(self, send, recv):
         """Sum ``send`` (first axis N, float64) over the ranks; ``recv`` gets chunk ``rank``."""
         self._check_host()
+        limit = self.limit()
         request = self.mpi_comm.Ireduce_scatter_block(send, recv, op=MPI.SUM)
-        self._wait(request, "reduce-scatter", send, recv)
+        self._wait(request, "reduce-scatter", send, recv, limit)
 
     def _check_host(self):
         self.check_usable()
@@ -340,13 +344,18 @@ class Communicator:
 
     def limit(self, timeout=None):
         """The seconds a host wait may take: ``timeout``, else :attr:`timeout`, else
-        :data:`DEFAULT_TIMEOUT` (``math.inf``: no bound)."""
-        timeout = self.timeout if timeout is None else timeout
+        :data:`DEFAULT_TIMEOUT` (``math.inf``: no bound). ``TypeError`` or
+        ``ValueError`` (:func:`check_timeout`) for a bad one."""
+        if timeout is not None:
+            return check_timeout(timeout)
+        timeout = check_timeout(self.timeout, "this Communicator's timeout")
         return DEFAULT_TIMEOUT if timeout is None else timeout
 
     def next_call(self):
-        """Number this rank's next host call (every rank counts alike, so a rank that
-        skipped or added a call shows in the call's signature)."""
+        """Number this rank's next host call, for its signature. (MPI delivers each
+        peer's messages in order, so a rank that skipped a call pairs its next one
+        with its peers' current one, under the same number: that shows only where
+        the two calls differ in another field of the signature.)"""
         self._calls += 1
         return self._calls
 
@@ -417,17 +426,28 @@ class Communicator:
         _signed.first_difference(what, "the step", [w for w, _ in everyone])
         return [v for _, v in everyone]
 
-    def _wait(self, request, what, send, recv, timeout=None):
-        """Complete a host collective within :meth:`limit` seconds."""
-        timeout = self.limit(timeout)
-        if not _complete(request, timeout):
+    def _wait(self, request, what, send, recv, limit):
+        """Complete a host collective within ``limit`` seconds (:meth:`limit`'s). Late,
+        tell the peers (each raises at its next check instead of waiting its own
+        timeout); finished, raise if a peer gave up on this rank meanwhile."""
+        size = "" if send is None else f" of {send.nbytes} bytes"
+        try:
+            done = _complete(request, limit, self)
+        except MPI.Exception as exc:  # e.g. ranks that gave collectives of other sizes
+            self._abandoned.append((request, send, recv))
+            self._broken = (f"MPI {what}{size} failed on rank {self.rank} ({exc}; do the "
+                            "ranks' calls have the same sizes?); the communicator is "
+                            "unusable: abort the job")
+            raise RuntimeError(self._broken) from None
+        if not done:
             # MPI may still write into recv: the buffers must outlive the request
             self._abandoned.append((request, send, recv))
-            size = "" if send is None else f" of {send.nbytes} bytes"
+            _signed.give_up_on_all(self)
             self._broken = (f"MPI {what}{size} did not complete within "
-                            f"{timeout} s on rank {self.rank} (a peer rank is missing or "
+                            f"{limit} s on rank {self.rank} (a peer rank is missing or "
                             "stuck); the communicator is unusable: abort the job")
             raise RuntimeError(self._broken)
+        _signed.check_notices(self)
 
     def agree(self, what, fields, timeout=None):
         """Collective check that every rank holds the same ``fields``, bounded by
@@ -588,17 +608,18 @@ def node_rank_and_size(mpi_comm):
 _ABANDONED = []  # duplicates whose creation timed out: MPI may still complete them
 
 
-def _complete(request, limit):
-    """Wait for ``request`` at most ``limit`` seconds (``inf``: for ever); whether it completed."""
-    if limit == math.inf:
-        request.Wait()
-        return True
+def _complete(request, limit, comm=None):
+    """Wait for ``request`` at most ``limit`` seconds (``inf``: for ever); whether it
+    completed. With ``comm``, a peer's notice that it gave up on this rank
+    (:func:`_signed.check_notices`) raises ``RuntimeError`` meanwhile."""
     start = time.monotonic()
     while not request.Test():
         now = time.monotonic()
         if now > start + limit:
             return False
         if now > start + _signed.SPIN_S:
+            if comm is not None:
+                _signed.check_notices(comm, request)
             time.sleep(50e-6)
     return True
 

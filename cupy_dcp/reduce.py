@@ -109,6 +109,8 @@ def _reduce(strategy, x, lse, comm, return_lse, base_e, out, seq_lens, query_sta
     comm.check_usable()
     name = f"dcp_{strategy}_lse_reduce"
     host_call = is_host_array(x) or is_host_array(lse)
+    if host_call:  # an 'nccl' communicator takes no host call: every such rank raises at once
+        comm._check_host()
     call = comm.next_call() if host_call else None
     given_out = out
     try:

@@ -9,6 +9,13 @@ Run: mpiexec -n 2 python tests/host_faults_worker.py SCENARIO
 - ``timeout``: rank 1 is late by 3 s; rank 0's exchange, bounded at 1 s, raises
   RuntimeError in time; rank 1 then joins the same call, which raises
   RuntimeError too (rank 0 gave up on it), so the job ends cleanly.
+- ``timeout_large``: the same with messages of 256 KiB, which MPI sends only once
+  the receiver takes them: rank 1 still raises at once, not after its own timeout.
+- ``agrs_late_reduce``: rank 1 is late between AG+RS's all-gather and its
+  reduce-scatter; rank 0's reduce-scatter raises in time, and rank 1's, which then
+  completes, raises too (rank 0 gave up on it) instead of returning.
+- ``allgather_sizes``: the ranks' all-gathers differ in size: a rank whose MPI
+  detects it raises a RuntimeError saying so (not MPI's exception).
 - ``warnings_as_errors``: under ``-W error``, rank 1 passes a float64 LSE beyond
   float32's range; it raises its ValueError (not a RuntimeWarning from a cast),
   rank 0 a ValueError naming rank 1.
@@ -74,21 +81,64 @@ def main(scenario):
         msg = expect_raise(TypeError, lambda: cupy_dcp.dcp_a2a_lse_reduce(
             x, lse, world, check_consistency=True))
         assert rank == 1 or "rank 1 failed its checks" in msg, msg
-    elif scenario == "timeout":
-        comm = cupy_dcp.Communicator.from_mpi(world, timeout=1.0)
-        x, lse = inputs(3)
+    elif scenario in ("timeout", "timeout_large"):
+        # large: 256 KiB a message, which MPI sends only once its receiver takes it
+        timeout = 1.0 if scenario == "timeout" else 4.0
+        comm = cupy_dcp.Communicator.from_mpi(world, timeout=timeout)
+        x, lse = inputs(3) if scenario == "timeout" else inputs(64, 8, 128)
         cupy_dcp.dcp_a2a_lse_reduce(x, lse, MPI.COMM_SELF)  # compiled before the clock starts
         if rank == 0:
             t0 = time.monotonic()
             msg = expect_raise(RuntimeError, lambda: cupy_dcp.dcp_a2a_lse_reduce(x, lse, comm))
             waited = time.monotonic() - t0
-            assert "did not complete within 1.0 s" in msg and waited < 2.5, (msg, waited)
+            assert f"did not complete within {timeout} s" in msg and waited < timeout + 1.5, \
+                (msg, waited)
         else:
-            time.sleep(3.0)
-            # rank 1 joins the same call late: its exchange completes, and it learns that
-            # rank 0 gave up on it
+            time.sleep(timeout + 2.0)
+            # rank 1 joins the same call late: it learns that rank 0 gave up on it, at
+            # once (not after its own timeout, though its large message never leaves)
+            t0 = time.monotonic()
             msg = expect_raise(RuntimeError, lambda: cupy_dcp.dcp_a2a_lse_reduce(x, lse, comm))
-            assert "rank 0 gave up waiting for rank 1" in msg, msg
+            waited = time.monotonic() - t0
+            assert "rank 0 gave up waiting for rank 1" in msg and waited < timeout / 2, \
+                (msg, waited)
+    elif scenario == "agrs_late_reduce":
+        # rank 1 is late between AG+RS's all-gather and its reduce-scatter: rank 0's
+        # reduce-scatter times out, and rank 1, whose reduce-scatter then completes
+        # against rank 0's posted one, raises too instead of returning a void result
+        comm = cupy_dcp.Communicator.from_mpi(world, timeout=1.0)
+        x, lse = inputs(3)
+        cupy_dcp.dcp_ag_rs_lse_reduce(x, lse, MPI.COMM_SELF)  # compiled first
+        if rank == 1:
+            correct = cupy_dcp.reduce.agrs_correct_host
+
+            def late(*args):
+                time.sleep(3.0)
+                return correct(*args)
+            cupy_dcp.reduce.agrs_correct_host = late
+        msg = expect_raise(RuntimeError, lambda: cupy_dcp.dcp_ag_rs_lse_reduce(x, lse, comm))
+        expected = "MPI reduce-scatter of" if rank == 0 else "rank 0 gave up waiting for rank 1"
+        assert expected in msg, msg
+    elif scenario == "allgather_sizes":
+        # ranks that give an all-gather of other sizes (as a device AG+RS plan over the
+        # MPI transport would, called with other token counts): where MPI detects it, a
+        # RuntimeError that says so and an unusable communicator, not MPI's own exception
+        comm = cupy_dcp.Communicator.from_mpi(world, backend="mpi", timeout=10.0)
+        count = 2 if rank == 0 else 4
+        send = np.full(count, rank, np.float32)
+        recv = np.zeros((world.size, count), np.float32)
+        try:
+            comm.allgather_host(send, recv)
+            msg = "returned"
+        except RuntimeError as exc:
+            msg = str(exc)
+            assert "failed on rank" in msg and "the same sizes" in msg, msg
+            try:
+                comm.check_usable()
+                raise AssertionError("the communicator is still usable")
+            except RuntimeError as later:
+                assert "unusable since an earlier failure" in str(later), later
+        assert any(m != "returned" for m in world.allgather(msg)), msg
     elif scenario in ("warnings_as_errors", "device_masks", "unexpected_error"):
         comm = cupy_dcp.Communicator.from_mpi(world, timeout=20.0)
         x, lse = inputs(3)

@@ -55,6 +55,23 @@ def test_timeout_is_checked(timeout, error, match):
         cupy_dcp.Communicator.from_mpi(MPI.COMM_SELF, timeout=timeout)
     with pytest.raises(error, match=match):
         cupy_dcp.Communicator(MPI.COMM_SELF, timeout=timeout)
+    # a wait's own timeout, and the attribute set later: refused before anything is
+    # posted, so the communicator stays usable
+    comm = cupy_dcp.Communicator.from_mpi(MPI.COMM_SELF, backend="mpi")
+    try:
+        for wait in (lambda: comm.barrier(timeout=timeout), lambda: comm.limit(timeout),
+                     lambda: comm.agree("step", {"a": 1}, timeout=timeout),
+                     lambda: comm.synchronize(timeout=timeout)):
+            with pytest.raises(error, match=match):
+                wait()
+        comm.timeout = timeout
+        with pytest.raises(error, match=match.replace("^timeout", "^this Communicator's timeout")):
+            comm.barrier()
+        comm.timeout = 5.0
+        comm.barrier()
+        comm.check_usable()
+    finally:
+        comm.free()
 
 
 def test_the_default_timeout_is_finite():

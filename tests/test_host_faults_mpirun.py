@@ -10,7 +10,8 @@ from _helpers import job_results, mpiexec_env, run_bounded
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.mark.parametrize("scenario", ["diverge", "bad_rank", "timeout", "warnings_as_errors",
+@pytest.mark.parametrize("scenario", ["diverge", "bad_rank", "timeout", "timeout_large",
+                                      "agrs_late_reduce", "allgather_sizes", "warnings_as_errors",
                                       "device_masks", "unexpected_error"])
 def test_every_rank_raises_instead_of_hanging(mpiexec, scenario):
     cmd = mpiexec(2, sys.executable, str(HERE / "host_faults_worker.py"), scenario)
