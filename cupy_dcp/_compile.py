@@ -203,15 +203,14 @@ def build_shared(mpi_comm, tasks):
     compiles lands in the kernel cache); after every rank of ``mpi_comm`` has
     (one collective, which also carries failures: a task that raised on any rank
     raises ``RuntimeError`` on every rank), each runs all of them, loading the
-    others' from the cache. Without a cache there is nothing to share: each
-    rank runs every task itself. Either way a rank runs its tasks through
-    :func:`run_tasks` (one links while the next compiles).
+    others' from the cache. A rank whose cache is off takes part in the same
+    rounds (the ranks' settings may differ, and a rank that skipped the
+    collective would leave the others waiting), compiling what it finds
+    nowhere. A rank runs its tasks through :func:`run_tasks` (one links while
+    the next compiles).
     """
-    from .kernels import _cache
-
     tasks = list(tasks)
-    if (mpi_comm is None or mpi_comm.Get_size() == 1 or _cache.cache_dir() is None
-            or not _sharing[0]):
+    if mpi_comm is None or mpi_comm.Get_size() == 1 or not _sharing[0]:
         return run_tasks(tasks)
     from .comm import node_rank_and_size
 

@@ -96,16 +96,18 @@ def launcher(value=None, env=os.environ):
 
 def kernel_cache_dir(env=os.environ):
     """The kernel cache's folder (a string), or ``None`` for no cache:
-    ``CUPY_DCP_CACHE=0`` or an empty ``CUPY_DCP_CACHE_DIR`` turn it off, a
-    ``CUPY_DCP_CACHE_DIR`` names it, else ``$XDG_CACHE_HOME/cupy_dcp`` (or
+    ``CUPY_DCP_CACHE=0`` or an empty ``CUPY_DCP_CACHE_DIR`` turn it off (another
+    ``CUPY_DCP_CACHE`` than ``0`` or ``1`` is a ``ValueError``), a
+    ``CUPY_DCP_CACHE_DIR`` names it (``~`` expanded, made absolute here, so that
+    a later ``chdir`` does not move it), else ``$XDG_CACHE_HOME/cupy_dcp`` (or
     ``~/.cache/cupy_dcp``)."""
-    if env.get("CUPY_DCP_CACHE", "1") == "0":
+    if _flag(env, "CUPY_DCP_CACHE") is False:
         return None
     path = env.get("CUPY_DCP_CACHE_DIR")
     if path is not None:
-        return path or None
+        return os.path.abspath(os.path.expanduser(path)) if path else None
     base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "cupy_dcp")
+    return os.path.abspath(os.path.join(base, "cupy_dcp"))
 
 
 # Variables an MPI launcher sets for the job it starts (ranks, its server's contact):

@@ -19,14 +19,18 @@ function's module, qualified name and code, the values its closure captured
 and the globals it names, recursively through the device functions and
 constants they reach), a digest of every source file of this package, the
 argument types, the target (compute capability; the host CPU for ``njit``),
-the compile options, and the versions of Python, NumPy, Numba, numba-cuda,
-NVVM (and the CUDA driver that linked a cubin) and of this package. A kernel
+the compile options (for ``njit``, also Numba's switches that change machine
+code: ``NUMBA_BOUNDSCHECK``, ``NUMBA_OPT``, ...), and the versions of Python,
+NumPy, Numba, llvmlite, numba-cuda, NVVM (its API and IR versions and its
+release, read off the PTX it writes), the CUDA driver that linked a cubin, and
+this package. A kernel
 whose captured values have no stable description (an object known only by
 its address) is never cached: it compiles every time.
 
 Safety: an entry is written to a temporary file in the same folder, then
 renamed over its name (``os.replace``), so readers on several ranks never see
-half a file. Each entry carries its whole key and a SHA-256 of its contents:
+half a file. Entries get the permissions the process's umask gives new files
+(a cache filled by one user, an image's build say, is readable by others). Each entry carries its whole key and a SHA-256 of its contents:
 a corrupt or truncated entry, or one of another key, is ignored (with a
 :class:`CacheWarning` for a corrupt one) and rebuilt. Nothing is evicted: an
 entry whose key no longer arises is never read again (delete the folder to
@@ -247,7 +251,10 @@ def _versions():
     import numba
     import numpy
 
-    found = {"python": sys.version, "numpy": numpy.__version__, "numba": numba.__version__}
+    import llvmlite
+
+    found = {"python": sys.version, "numpy": numpy.__version__, "numba": numba.__version__,
+             "llvmlite": llvmlite.__version__}
     try:
         from importlib.metadata import PackageNotFoundError, version
         for dist in ("numba-cuda", "cupy_dcp"):
@@ -262,10 +269,34 @@ def _versions():
 
 @functools.cache
 def _nvvm_version():
-    from numba.cuda.cudadrv.nvvm import NVVM
+    """NVVM's API and IR versions, which one API version spans many releases of,
+    and its release (``"13.5, V13.5.37"``), read from the PTX header of an empty
+    module it compiles once (``None`` where that fails)."""
+    from numba.cuda.cudadrv import nvvm as nvvm_module
 
-    nvvm = NVVM()
-    return {"nvvm": nvvm.get_version(), "nvvm_ir": nvvm.get_ir_version()}
+    nvvm = nvvm_module.NVVM()
+    return {"nvvm": nvvm.get_version(), "nvvm_ir": nvvm.get_ir_version(),
+            "nvvm_release": _nvvm_release(nvvm_module)}
+
+
+def _nvvm_release(nvvm_module):
+    try:
+        from llvmlite import ir
+
+        module = ir.Module()
+        module.triple = "nvptx64-nvidia-cuda"
+        module.data_layout = nvvm_module._datalayout  # (numba-cuda's: its version is keyed)
+        function = ir.Function(module, ir.FunctionType(ir.VoidType(), []), "cupy_dcp_probe")
+        ir.IRBuilder(function.append_basic_block()).ret_void()
+        nvvm_module.add_ir_version(module)
+        ptx = nvvm_module.compile_ir(str(module), arch="compute_75")
+        text = ptx.decode("ascii", "replace") if isinstance(ptx, bytes) else str(ptx)
+    except Exception:  # an NVVM or numba-cuda that does not take this: its versions stand
+        return None
+    for line in text.splitlines():
+        if line.startswith("// Cuda compilation tools, release "):
+            return line[len("// Cuda compilation tools, release "):].strip()
+    return None
 
 
 def _key(kind, func, extra):
@@ -339,6 +370,7 @@ def _store(key, meta, payload):
         handle, temp = tempfile.mkstemp(dir=folder, prefix=".entry-", suffix=".tmp")
         with os.fdopen(handle, "wb") as f:
             f.write(blob)
+        os.chmod(temp, 0o666 & ~_umask())  # mkstemp's file is its owner's alone
         os.replace(temp, _entry_path(folder, key))
         temp = None
         _count("stored")
@@ -350,6 +382,22 @@ def _store(key, meta, payload):
         if temp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
+
+
+@functools.cache
+def _umask():
+    """This process's umask: read from ``/proc`` where it is (setting it to read it
+    back would race with threads creating files), else set and restored."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _simulated():
@@ -515,6 +563,16 @@ def cached_njit(**options):
     return decorate
 
 
+def _njit_config():
+    """Numba's process-wide switches that change a host function's machine code (set by
+    ``NUMBA_*`` variables): part of every ``njit`` key."""
+    from numba.core import config
+
+    return {name: str(getattr(config, name, None))
+            for name in ("BOUNDSCHECK", "OPT", "DEBUGINFO_DEFAULT", "LOOP_VECTORIZE",
+                         "SLP_VECTORIZE", "ENABLE_AVX")}
+
+
 class _HostCache:
     """Numba's cache interface (``load_overload``, ``save_overload``) over this cache."""
 
@@ -536,7 +594,8 @@ class _HostCache:
         if self._code is None or cache_dir() is None:
             return None
         return _key("njit", self._dispatcher, {"sig": str(sig),
-                                               "target": list(codegen.magic_tuple())})
+                                               "target": list(codegen.magic_tuple()),
+                                               "config": _njit_config()})
 
     def load_overload(self, sig, target_context):
         target_context.refresh()

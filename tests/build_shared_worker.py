@@ -1,6 +1,8 @@
 """Run under ``mpiexec -n K`` with ``CUPY_DCP_CACHE_DIR`` set: :func:`build_shared`
 runs each task first on one rank of the node (its share), then every task on
 every rank; a task that raises on one rank raises on all (``test_compile.py``).
+With ``mixed``, rank 0's cache is off: it takes part in the same rounds (a rank
+that skipped them would leave the others waiting for ever).
 Each rank reports through ``run_worker``."""
 
 import sys
@@ -11,10 +13,13 @@ from _helpers import run_worker
 from cupy_dcp._compile import build_shared
 
 
-def main():
+def main(mixed=False):
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     runs = []
+    if mixed and rank == 0:  # this rank's cache is off, the others' on: the same rounds
+        from cupy_dcp.kernels import _cache
+        _cache.set_cache_dir(None)
 
     def task(i):
         def run():
@@ -44,4 +49,4 @@ def main():
 
 
 if __name__ == "__main__":
-    run_worker(main)
+    run_worker(main, "mixed" in sys.argv[1:])

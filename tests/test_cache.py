@@ -127,6 +127,52 @@ def test_where_the_environment_puts_it():
     assert folder({"CUPY_DCP_CACHE": "0", "CUPY_DCP_CACHE_DIR": "/x"}) is None
     assert folder({"XDG_CACHE_HOME": "/c"}) == os.path.join("/c", "cupy_dcp")
     assert folder({}) == os.path.join(os.path.expanduser("~"), ".cache", "cupy_dcp")
+    assert folder({"CUPY_DCP_CACHE": "1", "CUPY_DCP_CACHE_DIR": "/x"}) == "/x"
+    # ~ expanded, and a relative folder made absolute once (a later chdir keeps it)
+    assert folder({"CUPY_DCP_CACHE_DIR": "~/k"}) == os.path.join(os.path.expanduser("~"), "k")
+    assert folder({"CUPY_DCP_CACHE_DIR": "k"}) == os.path.join(os.getcwd(), "k")
+    for word in ("false", "off", "no"):  # not a silent "on"
+        with pytest.raises(ValueError, match=rf"^CUPY_DCP_CACHE must be 0 or 1 \(got '{word}'\)$"):
+            folder({"CUPY_DCP_CACHE": word})
+
+
+def test_entries_are_readable_as_the_umask_allows(own_cache):
+    """Not mkstemp's owner-only mode: a cache filled by one user (an image's build)
+    serves the others."""
+    _cache._umask.cache_clear()
+    before = os.umask(0o022)
+    try:
+        assert _cache._umask() == 0o022
+        assert _adder(11)(1) == 12
+        modes = {oct(path.stat().st_mode & 0o777) for path in entries(own_cache)}
+    finally:
+        os.umask(before)
+        _cache._umask.cache_clear()
+    assert modes == {oct(0o644)}
+
+
+def test_numbas_code_switches_are_in_host_keys(own_cache, monkeypatch):
+    """NUMBA_BOUNDSCHECK (and the like) change a host function's machine code: a run
+    with them on must not load what a run without them stored."""
+    from numba.core import config
+
+    assert _adder(21)(1) == 22
+    assert _cache.stats()["compiled"] == 1
+    monkeypatch.setattr(config, "BOUNDSCHECK", 1)
+    assert _adder(21)(1) == 22
+    assert _cache.stats()["compiled"] == 2 and _cache.stats()["loaded"] == 0
+    assert len(entries(own_cache)) == 2
+
+
+def test_the_nvvm_release_is_in_cuda_keys():
+    """One NVVM API version (2.0) spans many releases, whose code differs."""
+    problem = _toolchain_problem()
+    if problem:
+        skip_without_toolchain(f"no NVVM here: {problem}")
+    fields = _cache._nvvm_version()
+    assert fields["nvvm"] == (2, 0)  # the API version: not enough
+    release = fields["nvvm_release"]
+    assert release is not None and release.split(",")[0].count(".") == 1, release
 
 
 @pytest.fixture

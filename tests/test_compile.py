@@ -259,8 +259,10 @@ def test_run_tasks_raises_the_first_failure_after_every_task_ran():
     assert runs == [0, 1, 2, 3]
 
 
-def test_ranks_share_the_first_run(tmp_path, mpiexec):
-    proc = subprocess.run(mpiexec(3) + [sys.executable, str(HERE / "build_shared_worker.py")],
+@pytest.mark.parametrize("mixed", [False, True], ids=["cached", "one_rank_uncached"])
+def test_ranks_share_the_first_run(tmp_path, mpiexec, mixed):
+    proc = subprocess.run(mpiexec(3) + [sys.executable, str(HERE / "build_shared_worker.py")] +
+                          (["mixed"] if mixed else []),
                           env=mpiexec_env(CUPY_DCP_CACHE_DIR=str(tmp_path)),
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=300)
     assert all(record["tasks"] == 7 for record in job_results(proc, 3)), proc.stdout  # 2 * 3 + 1
