@@ -44,7 +44,7 @@ def parse(argv):
                    help="the cold run's ranks do not share their compiles")
     p.add_argument("--keep-cache", metavar="DIR")
     p.add_argument("--json", dest="json_path")
-    args, _ = p.parse_known_args(argv)
+    args = p.parse_args(argv)
     if args.ranks < 1:
         p.error(f"--ranks must be >= 1 (got {args.ranks})")
     if args.kinds:
@@ -75,12 +75,20 @@ def _mpiexec():
     return here if os.path.exists(here) else shutil.which("mpiexec")
 
 
+# A rank of a fresh start, run as ``python -m mpi4py -c``: its clock starts before
+# cupy_dcp is imported (``-m cupy_dcp._startup`` would import the package first, and
+# time an import already done).
+_CHILD = ("import sys, time; began = time.perf_counter(); from cupy_dcp import _startup; "
+          "_startup.child(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), "
+          "sys.argv[5], sys.argv[6], sys.argv[7], float(sys.argv[8]), began)")
+
+
 def measure(kind, args, folder, ranks):
     """One fresh start of ``kind`` on ``ranks`` ranks and the cache ``folder``: rank
     0's record."""
     from . import _settings
 
-    argv = [sys.executable, "-m", "mpi4py", "-m", "cupy_dcp._startup", "--child", kind,
+    argv = [sys.executable, "-m", "mpi4py", "-c", _CHILD, kind,
             str(args.tokens), str(args.heads), str(args.head_dim), args.dtype,
             "alone" if args.alone else "shared", str(folder)]
     if ranks > 1:
@@ -136,14 +144,14 @@ def run(argv=None):
     return results
 
 
-def child(kind, tokens, heads, head_dim, dtype_name, sharing, folder, spawned):
+def child(kind, tokens, heads, head_dim, dtype_name, sharing, folder, spawned, began):
     """One rank of a fresh start: build ``kind`` with the kernel cache in ``folder``,
     make its first call, print rank 0's times as ``startup {json}``; ``sharing``:
     ``"alone"`` to compile without the node's other ranks; ``spawned``: the clock
-    (``time.time()``) when the parent started the ranks."""
+    (``time.time()``) when the parent started the ranks; ``began``: the
+    ``time.perf_counter()`` before this process imported cupy_dcp (:data:`_CHILD`)."""
     import numpy as np
 
-    began = time.perf_counter()
     import cupy_dcp
 
     light = time.perf_counter()  # ``import cupy_dcp`` alone: MPI's start is not its
@@ -194,8 +202,4 @@ def child(kind, tokens, heads, head_dim, dtype_name, sharing, folder, spawned):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6],
-              sys.argv[7], sys.argv[8], float(sys.argv[9]))
-    else:
-        run()
+    run()

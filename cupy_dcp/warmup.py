@@ -15,7 +15,9 @@ cubins. With
 compute capability, which the first process to load a kernel on a GPU links
 into a cubin (and stores). The cache is the one a run would use
 (``cupy_dcp.kernels._cache``: ``CUPY_DCP_CACHE_DIR`` moves it). Prints a
-line per kernel and a summary; exits 1 if the cache is off.
+line per kernel and a summary; exits 1 if the cache is off or a kernel compiled
+was not stored (an unwritable folder, say), 2 for bad arguments or, without
+``--cc``, no GPU.
 """
 
 import argparse
@@ -23,6 +25,7 @@ import sys
 import time
 
 PLANS = ("a2a", "direct", "agrs")
+MIN_CC = (7, 5)  # the oldest compute capability CUDA 13's NVVM compiles for
 
 
 def parse(argv):
@@ -37,16 +40,27 @@ def parse(argv):
     parser.add_argument("--plans", default=",".join(PLANS),
                         help=f"comma-separated, of {', '.join(PLANS)} (default: all)")
     args = parser.parse_args(argv)
+    from .layout import as_dtype, is_supported
+
+    try:
+        supported = is_supported(as_dtype(args.dtype))
+    except TypeError:
+        supported = False
+    if not supported:
+        parser.error(f"--dtype must be float16, bfloat16 or float32 (got {args.dtype!r})")
     args.plans = [p for p in args.plans.split(",") if p]
     bad = [p for p in args.plans if p not in PLANS]
-    if bad:
-        parser.error(f"--plans takes {', '.join(PLANS)} (got {', '.join(bad)})")
+    if bad or not args.plans:
+        parser.error(f"--plans takes {', '.join(PLANS)} (got {', '.join(bad) or 'none'})")
     if args.cc is not None:
         try:
             major, minor = (int(v) for v in args.cc.split("."))
         except ValueError:
             parser.error(f"--cc must be MAJOR.MINOR, e.g. 9.0 (got {args.cc!r})")
         args.cc = (major, minor)
+        if args.cc < MIN_CC:
+            parser.error(f"--cc must be {MIN_CC[0]}.{MIN_CC[1]} or later, as NVVM compiles "
+                         f"for (got {args.cc[0]}.{args.cc[1]})")
     for name in ("heads", "head_dim", "world_size", "max_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
@@ -100,6 +114,13 @@ def main(argv=None):
 
         choose_launcher("numba")  # the wrappers then compile nothing: the PTX is made below
 
+    else:
+        from numba import cuda
+
+        if not cuda.is_available():
+            print("there is no CUDA GPU here: pass --cc MAJOR.MINOR (9.0 for Hopper) to store "
+                  "PTX for that compute capability", file=sys.stderr)
+            return 2
     folder = _cache.cache_dir()
     if folder is None:
         print("the kernel cache is off (CUPY_DCP_CACHE=0 or CUPY_DCP_CACHE_DIR empty): "
@@ -117,6 +138,11 @@ def main(argv=None):
     print(f"{target} in {folder}: {counts['compiled']} compiled, {counts['loaded']} already "
           f"there, {counts['stored']} stored, in {time.perf_counter() - start:.1f} s",
           flush=True)
+    if counts["compiled"] > counts["stored"]:
+        print(f"{counts['compiled'] - counts['stored']} of the kernels compiled were not "
+              f"stored (an unwritable folder: see the warnings above; or kernels that the cache "
+              f"cannot hold)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -10,6 +10,7 @@ import sys
 import pytest
 from _helpers import mpiexec_env, skip_without_toolchain
 
+from gpu import gpu_count
 from test_cache import _toolchain_problem, entries
 
 WARMUP = [sys.executable, "-m", "cupy_dcp.warmup", "--dtype", "bfloat16", "--heads", "4",
@@ -45,11 +46,31 @@ def test_warmup_fills_the_cache_for_a_named_capability(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--cc", "nine"], "--cc must be MAJOR.MINOR, e.g. 9.0 (got 'nine')"),
+    (["--cc", "1.0"], "--cc must be 7.5 or later, as NVVM compiles for (got 1.0)"),
     (["--plans", "a2a,bogus"], "--plans takes a2a, direct, agrs (got bogus)"),
-])
+    (["--plans", ","], "--plans takes a2a, direct, agrs (got none)"),
+    (["--dtype", "int8", "--cc", "9.0"], "--dtype must be float16, bfloat16 or float32 "
+                                         "(got 'int8')"),
+    ([], "there is no CUDA GPU here: pass --cc MAJOR.MINOR"),  # (on a machine without one)
+], ids=["cc", "old_cc", "plans", "no_plans", "dtype", "no_gpu"])
 def test_warmup_rejects_bad_arguments(tmp_path, argv, message):
+    if not argv and gpu_count() > 0:
+        pytest.skip("checks the message given where there is no GPU")
     proc = warm(tmp_path, *argv)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, \
+        proc.stderr
+
+
+def test_warmup_that_stores_nothing_fails(tmp_path):
+    """An image build must not pass with an empty cache: a folder that cannot be made
+    (under a file) warns, and the run exits 1."""
+    problem = _toolchain_problem()
+    if problem:
+        skip_without_toolchain(f"no NVVM here: {problem}")
+    (tmp_path / "afile").write_text("")
+    proc = warm(tmp_path / "afile" / "cache", "--cc", "9.0", "--plans", "agrs")
+    assert proc.returncode == 1 and "were not stored" in proc.stderr, proc.stderr[-3000:]
+    assert ", 0 stored" in proc.stdout, proc.stdout
 
 
 def test_warmup_with_the_cache_off_says_so(tmp_path):
@@ -72,7 +93,15 @@ def test_startup_of_the_host_path_cold_then_warm(tmp_path):
     for record in (cold, warm_run):
         steps = record["import"] + record["plan"] + record["first_call"]
         assert 0 < steps <= record["since_start"], record
+        assert record["import"] > 0.005, record  # timed before cupy_dcp was imported
     assert "host         2 cold" in proc.stdout and "host         2 warm" in proc.stdout
+
+
+def test_startup_refuses_options_it_does_not_take():
+    proc = subprocess.run([sys.executable, "-m", "cupy_dcp.bench", "--startup", "--tokenz", "4"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "unrecognized arguments: --tokenz 4" in proc.stderr, \
+        proc.stderr
 
 
 def test_startup_gives_nccl_plans_no_more_ranks_than_gpus():
