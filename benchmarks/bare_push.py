@@ -186,7 +186,8 @@ def main(argv=None):
     from cupy_dcp import bench
 
     extra = {"bare_push": bare_push_case}
-    return bench.run(bench.parse_args(argv, extra), extra)
+    return bench.run(bench.parse_args(argv, extra, prog="python -m mpi4py benchmarks/bare_push.py"),
+                     extra)
 
 
 if __name__ == "__main__":

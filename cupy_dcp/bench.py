@@ -40,14 +40,26 @@ from .layout import as_dtype, bits_dtype, send_buffer_shape
 STRATEGIES = ("raw_alltoall", "cupy_dcp_a2a", "ag_rs", "direct")
 
 
-def parse_args(argv=None, extra_cases=()):
-    """The bench's arguments; ``extra_cases`` names strategies ``--strategies`` may add."""
+def _ints(text):
+    try:
+        return [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers (got {text!r})") from None
+
+
+MODES = ("graph", "eager")
+
+
+def parse_args(argv=None, extra_cases=(), prog=None):
+    """The bench's arguments; ``extra_cases`` names strategies ``--strategies`` may add;
+    ``prog``: the command named in the help (a script that extends the bench)."""
     p = argparse.ArgumentParser(
-        prog="python -m cupy_dcp.bench", description=__doc__.split("\n\n")[0],
-        epilog="python -m cupy_dcp.bench --startup instead times a plan's start-up in fresh "
-               "processes (its options: python -m cupy_dcp.bench --startup --help)")
-    ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
-    p.add_argument("--tokens", type=ints, default=[1, 8, 32, 128, 512, 2048])
+        prog=prog or "python -m cupy_dcp.bench", description=__doc__.split("\n\n")[0],
+        epilog=None if prog else (
+            "python -m cupy_dcp.bench --startup instead times a plan's start-up in fresh "
+            "processes (its options: python -m cupy_dcp.bench --startup --help)"))
+    p.add_argument("--tokens", type=_ints, default=[1, 8, 32, 128, 512, 2048])
     p.add_argument("--heads", type=int, default=128)
     p.add_argument("--head-dim", type=int, default=512)
     p.add_argument("--dtype", default="bfloat16",
@@ -70,6 +82,9 @@ def parse_args(argv=None, extra_cases=()):
     unknown = [s for s in args.strategies.split(",") if s and s not in known]
     if unknown:
         p.error(f"--strategies: unknown {', '.join(unknown)} (expected some of {', '.join(known)})")
+    modes = [m for m in args.mode.split(",") if m]
+    if not modes or any(m not in MODES for m in modes):
+        p.error(f"--mode takes graph, eager or both, comma-separated (got {args.mode!r})")
     try:
         check_kernel_args(args)
     except ValueError as exc:
@@ -252,12 +267,16 @@ def _profile(comm, fn, calls, stream, top=15):
 def _table(records):
     lines = [f"{'tokens':>7} {'mode':>6} {'strategy':>14} {'median us':>10} {'p90 us':>9} {'x floor':>8}"]
     for r in records:
+        ratio = "-" if r["ratio_to_floor"] is None else f"{r['ratio_to_floor']:.2f}"
         lines.append(f"{r['tokens']:>7} {r['mode']:>6} {r['strategy']:>14} {r['median_us']:>10.1f} "
-                     f"{r['p90_us']:>9.1f} {r['ratio_to_floor']:>8.2f}")
+                     f"{r['p90_us']:>9.1f} {ratio:>8}")
     return "\n".join(lines)
 
 
 def _plot(records, path):
+    if not records:
+        print(f"nothing was timed: no plot written to {path}", flush=True)
+        return
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -297,12 +316,19 @@ def run(args, extra_cases=None):
     if not gpu:
         modes = ["eager"]  # no graphs on the host
     wanted = [s for s in args.strategies.split(",") if s]
+    if args.heads % comm.world_size:
+        raise SystemExit(f"--heads ({args.heads}) must be a multiple of the ranks "
+                         f"({comm.world_size})")
     device = "gpu" if gpu else "cpu"
     if gpu:
         import cupy
         device = cupy.cuda.runtime.getDeviceProperties(comm.device)["name"].decode()
     _say(comm, f"cupy_dcp bench: N={comm.world_size} H={args.heads} D={args.head_dim} "
                f"{args.dtype} on {device}; modes {modes}; tokens {args.tokens}")
+    if not gpu:
+        for name in wanted:
+            if name not in ("raw_alltoall", "cupy_dcp_a2a", "ag_rs"):
+                _say(comm, f"  {name}: skipped (needs a GPU)")
     records = []
     for B in args.tokens:
         closers = []
@@ -322,7 +348,7 @@ def run(args, extra_cases=None):
                 rec = dict(strategy=strategy, mode=mode, world_size=comm.world_size, tokens=B,
                            heads=args.heads, head_dim=args.head_dim, dtype=args.dtype,
                            median_us=round(med, 2), p90_us=round(p90, 2), device=device,
-                           ratio_to_floor=round(med / floor, 3) if floor else float("nan"))
+                           ratio_to_floor=round(med / floor, 3) if floor else None)
                 records.append(rec)
                 _say(comm, f"  B={B:<5} {mode:<5} {strategy:<13} median {med:8.1f} us  p90 {p90:8.1f} us")
                 if args.profile and mode == "eager":
@@ -347,6 +373,11 @@ def main(argv=None):
         return
     args = parse_args(argv)
     if args.kernels:
+        try:
+            _use_gpu("gpu")
+        except RuntimeError:
+            raise SystemExit("python -m cupy_dcp.bench --kernels needs CuPy and a CUDA GPU "
+                             "(the kernels alone have no host version to time)") from None
         from ._kernel_bench import run_kernels
         run_kernels(args)
     else:

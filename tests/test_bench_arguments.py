@@ -21,3 +21,42 @@ def test_a_script_adds_its_own_strategies():
     extra = {"bare_push": lambda comm, args, B, dtype, stream: None}
     args = bench.parse_args(["--strategies", "raw_alltoall,direct,bare_push"], extra)
     assert args.strategies == "raw_alltoall,direct,bare_push"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mode", "graphs"], "--mode takes graph, eager or both, comma-separated (got 'graphs')"),
+    (["--mode", ","], "--mode takes graph, eager or both, comma-separated (got ',')"),
+    (["--tokens", "1,a"], "argument --tokens: expected comma-separated integers (got '1,a')"),
+], ids=["mode", "no_mode", "tokens"])
+def test_bad_arguments_are_usage_errors(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        bench.parse_args(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_script_names_itself_in_the_help(capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--help"], prog="python -m mpi4py benchmarks/bare_push.py")
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m mpi4py benchmarks/bare_push.py") and \
+        "--startup" not in out, out
+
+
+def test_the_kernel_bench_without_a_gpu_says_so():
+    from gpu import gpu_count
+
+    if gpu_count() > 0:
+        pytest.skip("checks the message given where there is no GPU")
+    with pytest.raises(SystemExit, match=r"^python -m cupy_dcp.bench --kernels needs CuPy and a "
+                                         r"CUDA GPU"):
+        bench.main(["--kernels", "--tokens", "1", "--no-direct"])
+
+
+def test_the_table_and_plot_take_records_without_a_floor(tmp_path, capsys):
+    """Without raw_alltoall there is no floor: the JSON says null (not NaN, which JSON
+    lacks), the table a dash; nothing timed, no plot (not an IndexError)."""
+    record = dict(tokens=1, mode="eager", strategy="ag_rs", median_us=5.0, p90_us=6.0,
+                  ratio_to_floor=None)
+    assert bench._table([record]).splitlines()[1].split()[-1] == "-"
+    bench._plot([], str(tmp_path / "p.png"))
+    assert "nothing was timed" in capsys.readouterr().out and not (tmp_path / "p.png").exists()
