@@ -33,7 +33,21 @@ def parse_args():
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"])
     p.add_argument("--iters", type=int, default=20, help="timed calls")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.seqs < 1:
+        p.error(f"--seqs must be >= 1 (got {args.seqs})")
+    if args.heads < 1:
+        p.error(f"--heads must be >= 1 (got {args.heads})")
+    if args.head_dim < 1:
+        p.error(f"--head-dim must be >= 1 (got {args.head_dim})")
+    if args.max_kv < 1:
+        p.error(f"--max-kv must be >= 1 (got {args.max_kv})")
+    if args.iters < 1:
+        p.error(f"--iters must be >= 1 (got {args.iters})")
+    ranks = MPI.COMM_WORLD.Get_size()
+    if args.heads % ranks:
+        p.error(f"--heads must be a multiple of the ranks (got {args.heads} heads for {ranks})")
+    return args
 
 
 def pick_backend(device, comm):

@@ -35,7 +35,19 @@ def parse_args():
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"])
     p.add_argument("--strategy", default="auto", choices=["auto", "a2a", "direct"],
                    help="GPU plan (see above)")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.tokens < 1:
+        p.error(f"--tokens must be >= 1 (got {args.tokens})")
+    if args.heads < 1:
+        p.error(f"--heads must be >= 1 (got {args.heads})")
+    if args.head_dim < 1:
+        p.error(f"--head-dim must be >= 1 (got {args.head_dim})")
+    if args.steps < 1:
+        p.error(f"--steps must be >= 1 (got {args.steps})")
+    ranks = MPI.COMM_WORLD.Get_size()
+    if args.heads % ranks:
+        p.error(f"--heads must be a multiple of the ranks (got {args.heads} heads for {ranks})")
+    return args
 
 
 def gpu_available(device):
