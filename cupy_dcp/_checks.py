@@ -119,14 +119,14 @@ def check_lse_range(lse, name="cp_attn_lse"):
                          f"beyond +-{_FLOAT32_MAX:.6g} (got dtype {lse.dtype})")
 
 
-def check_out(out, shape, dtype):
-    """Check a caller-provided result array ``out`` against ``shape`` and ``dtype``;
-    a read-only NumPy ``out`` is refused."""
-    _check_array(out, "out")
+def check_out(out, shape, dtype, name="out"):
+    """Check a caller-provided result array ``out`` (called ``name`` in errors) against
+    ``shape`` and ``dtype``; a read-only NumPy ``out`` is refused."""
+    _check_array(out, name)
     if isinstance(out, np.ndarray) and not out.flags.writeable:
-        raise ValueError("out must be writeable (got a read-only array)")
+        raise ValueError(f"{name} must be writeable (got a read-only array)")
     if _shape(out) != tuple(shape):
-        raise ValueError(f"out must have shape {tuple(shape)} (got {_shape(out)})")
+        raise ValueError(f"{name} must have shape {tuple(shape)} (got {_shape(out)})")
     try:
         got = as_dtype(out.dtype)
     except TypeError:
@@ -134,10 +134,10 @@ def check_out(out, shape, dtype):
     if got != dtype:
         order = " (the byte orders differ)" if got.newbyteorder("=") == dtype.newbyteorder("=") \
             else ""
-        raise TypeError(f"out must have dtype {dtype} (got {out.dtype}){order}")
+        raise TypeError(f"{name} must have dtype {dtype} (got {out.dtype}){order}")
     strides = getattr(out, "strides", None)  # (NumPy's and CuPy's; others at the launch)
     if isinstance(strides, tuple):
-        check_not_overlapping(out.shape, strides, got.itemsize, "out")
+        check_not_overlapping(out.shape, strides, got.itemsize, name)
 
 
 def check_mask(seq_lens, query_start_loc):

@@ -148,7 +148,6 @@ def direct_residency(comm, dtype, bits, head_dim, max_tokens, local_heads, depen
     from .kernels.direct import LL_MAX_ROWS, WARPS
 
     n = comm.world_size
-    mpi = comm.mpi_comm
     width = int(head_dim) + lse_pack_dim(dtype)
     sizes = (n, int(max_tokens), int(local_heads), width, np.dtype(bits).itemsize)
     threads = WARP * WARPS
@@ -158,7 +157,7 @@ def direct_residency(comm, dtype, bits, head_dim, max_tokens, local_heads, depen
     def build(paths):  # collective: every rank builds the same paths
         tasks = [(p, t) for p in paths for t in direct_tasks(dtype, n, bits, head_dim,
                                                             dependent, p)]
-        for (p, _), kernel in zip(tasks, build_shared(mpi, [t for _, t in tasks])):
+        for (p, _), kernel in zip(tasks, build_shared(comm, [t for _, t in tasks])):
             built.setdefault(p, []).append(kernel)
 
     def resident(path):
@@ -176,7 +175,7 @@ def direct_residency(comm, dtype, bits, head_dim, max_tokens, local_heads, depen
     # GPU bound every kernel by the fewest of any (the kernels of no call's path aside)
     counted = {p: min(found.values()) if sharing > 1 else r for p, r in found.items()}
     caps = [max(1, counted.get(p, 0) // sharing) for p in ("words", "lines")]
-    caps = [min(c) for c in zip(*mpi.allgather(caps))]
+    caps = [min(c) for c in zip(*_gather(comm, "building the direct plan", caps))]
     needed = direct_paths(*sizes, None, caps[0], caps[1], ("tiles",) + tuple(first))
     if "tiles" in needed or not found:
         if "tiles" not in built:  # every rank decides alike: the caps are everyone's
@@ -195,36 +194,64 @@ def share_compiles(enabled):
     _sharing[0] = bool(enabled)
 
 
-def build_shared(mpi_comm, tasks):
-    """Collective over ``mpi_comm`` (``None``: this process alone): run every task and
-    return their results in order, the node's ranks sharing the first run of each.
+def build_shared(comm, tasks):
+    """Collective over ``comm`` (a :class:`~cupy_dcp.comm.Communicator`, whose
+    exchanges are bounded by its timeout; an mpi4py communicator; ``None``: this
+    process alone): run every task and return their results in order, the node's
+    ranks sharing the first run of each.
 
-    Rank ``i`` of the node's ``k`` runs tasks ``i, i + k, ...`` first (what it
-    compiles lands in the kernel cache); after every rank of ``mpi_comm`` has
-    (one collective, which also carries failures: a task that raised on any rank
-    raises ``RuntimeError`` on every rank), each runs all of them, loading the
-    others' from the cache. A rank whose cache is off takes part in the same
-    rounds (the ranks' settings may differ, and a rank that skipped the
-    collective would leave the others waiting), compiling what it finds
-    nowhere. A rank runs its tasks through :func:`run_tasks` (one links while
-    the next compiles).
+    Rank ``i`` of the node's ``k`` (the ranks of one processor name) runs tasks
+    ``i, i + k, ...`` first (what it compiles lands in the kernel cache); after
+    every rank of ``comm`` has (one exchange, which also carries failures: a task
+    that raised on any rank raises ``RuntimeError`` on every rank), each runs all
+    of them, loading the others' from the cache, and a last exchange does the
+    same for that round. A rank whose cache is off takes part in the same rounds
+    (the ranks' settings may differ, and a rank that skipped an exchange would
+    leave the others waiting), compiling what it finds nowhere. A rank runs its
+    tasks through :func:`run_tasks` (one links while the next compiles).
     """
     tasks = list(tasks)
-    if mpi_comm is None or mpi_comm.Get_size() == 1 or not _sharing[0]:
+    if comm is None or _size(comm) == 1 or not _sharing[0]:
         return run_tasks(tasks)
-    from .comm import node_rank_and_size
+    from mpi4py import MPI
 
-    me, size = node_rank_and_size(mpi_comm)
-    error = None
+    names = _gather(comm, "building kernels", MPI.Get_processor_name())
+    me = _rank(comm)
+    node = [r for r, name in enumerate(names) if name == names[me]]
+    _together(comm, lambda: run_tasks(tasks[node.index(me)::len(node)]))
+    return _together(comm, lambda: run_tasks(tasks))
+
+
+def _together(comm, run):
+    """``run()`` on every rank, then one exchange: where it raised on any rank,
+    ``RuntimeError`` on every rank, naming the lowest such rank."""
+    error, result = None, None
     try:
-        run_tasks(tasks[me::size])
+        result = run()
     except Exception as exc:  # the others must not wait for this rank
         error = f"{type(exc).__name__}: {exc}"
-    failed = [(rank, e) for rank, e in enumerate(mpi_comm.allgather(error)) if e]
+    failed = [(rank, e) for rank, e in enumerate(_gather(comm, "building kernels", error)) if e]
     if failed:
         rank, detail = failed[0]
         raise RuntimeError(f"rank {rank} failed to compile a kernel: {detail}")
-    return run_tasks(tasks)
+    return result
+
+
+def _gather(comm, what, value):
+    """Every rank's ``value``, in rank order: through :meth:`Communicator.allgather_object`
+    (bounded by its timeout; ``what`` names the step in its errors) where ``comm`` is
+    one, else MPI's ``allgather``."""
+    if hasattr(comm, "allgather_object"):
+        return comm.allgather_object(what, value)
+    return comm.allgather(value)
+
+
+def _size(comm):
+    return comm.world_size if hasattr(comm, "world_size") else comm.Get_size()
+
+
+def _rank(comm):
+    return comm.rank if hasattr(comm, "allgather_object") else comm.Get_rank()
 
 
 def run_tasks(tasks):

@@ -382,6 +382,7 @@ class DcpDirectPlan(_Plan):
         """
         from .comm import drain
 
+        timeout = check_timeout(timeout)
         if timeout is None:
             timeout = self.comm.limit() + self.timeout
         if not drain(stream, None if timeout == math.inf else timeout):

@@ -3,7 +3,8 @@
 A plan owns its exchange buffers (sized for ``max_tokens``), its result
 buffers and its compiled kernels; a call launches its kernels and NCCL
 collectives on one stream, with no host synchronisation, so a call can be
-captured in a CUDA graph and replayed. Buffers never move or shrink while the
+captured in a CUDA graph and replayed (a plan of one rank excepted: see
+``__call__``). Buffers never move or shrink while the
 plan lives: a graph that captured a call stays valid as long as the plan (and
 the arrays the call read) do.
 
@@ -170,7 +171,8 @@ class _Plan:
                 place; other float dtypes are converted).
             out: optional ``[B, H/N, D]`` result array, any strides (no two
                 elements in the same memory: ``ValueError``).
-            out_lse: optional ``[B, H/N]`` float32 array for the global LSE.
+            out_lse: optional ``[B, H/N]`` float32 array for the global LSE
+                (only for a plan with ``return_lse``: ``ValueError`` otherwise).
             seq_lens, query_start_loc: optional ``[S]``, ``[S+1]`` integer
                 device arrays marking empty and padding tokens (``S <=
                 max_tokens``).
@@ -185,9 +187,10 @@ class _Plan:
         partials allocates the plan's ``[max_tokens, H, D]`` buffer for them,
         so it must not be captured in a graph (``RuntimeError``); make a call
         with each such layout of partials or result once before a capture
-        (its copies are CuPy kernels, built on first use). Calls of one plan
-        must be ordered: on one stream, or synchronised by the caller (they
-        share the plan's buffers).
+        (its copies are CuPy kernels, built on first use). A plan of one rank
+        (no exchange: CuPy operations on the call's stream) is not capturable
+        (``RuntimeError``). Calls of one plan must be ordered: on one stream, or
+        synchronised by the caller (they share the plan's buffers).
 
         A decode loop passes the same arrays again and again: a call whose
         arguments are all CuPy arrays (or ``None``) read in place is remembered
@@ -226,7 +229,10 @@ class _Plan:
         if out is not None:
             _checks.check_out(out, (B, self.local_heads, D), dtype)
         if out_lse is not None:
-            _checks.check_out(out_lse, (B, self.local_heads), np.dtype(np.float32))
+            if not self.return_lse:
+                raise ValueError("out_lse is for a plan that returns the LSE (return_lse=True); "
+                                 "this one does not, and would leave it unwritten")
+            _checks.check_out(out_lse, (B, self.local_heads), np.dtype(np.float32), "out_lse")
         if n == 1:
             return self._single(cp_attn_out, cp_attn_lse, out, out_lse, seq_lens,
                                 query_start_loc, stream)
@@ -245,7 +251,9 @@ class _Plan:
                                                                             "out")
                 lse, mask, in_place = self._stage_inputs(B, cp_attn_lse, seq_lens,
                                                          query_start_loc, ptr)
-                self._check_device(cp_attn_out=x_bits, cp_attn_lse=lse, out=result_arr)
+                self._check_device(cp_attn_out=x_bits, cp_attn_lse=lse, out=result_arr,
+                                   **({} if seq_lens is None else
+                                      dict(seq_lens=mask[0], query_start_loc=mask[1])))
                 copy_out = None
                 if self._words:
                     given = x_bits
@@ -254,6 +262,8 @@ class _Plan:
                 lse_arr = None if result_lse is None else (
                     kernel_array if out_lse is None else output_array)(result_lse, np.float32,
                                                                        "out_lse")
+                if out_lse is not None:
+                    self._check_device(out_lse=lse_arr)
                 steps = self._run(B, x_bits, lse, mask, result_arr, lse_arr, ptr)
                 if copy_out is not None:
                     copy_out()
@@ -411,9 +421,11 @@ class _Plan:
         self.comm.synchronize(stream, timeout)
 
     def close(self):
-        """Release the plan's buffers (once its work is done: graphs that captured a
-        call must not replay afterwards); later calls raise. Idempotent; also the
-        end of a ``with`` block."""
+        """Close the plan: later calls raise. Its host-mapped status words (the A2A
+        plan's) and the windows (the direct plan's) are released now, once its work
+        is done; its device buffers go with the plan object (drop it, and graphs that
+        captured a call must not replay afterwards). Idempotent; also the end of a
+        ``with`` block."""
         self._closed = True
         self._forget()
 
@@ -444,6 +456,11 @@ class _Plan:
         result = result if out is None else out
         result_lse = (result_lse if out_lse is None else out_lse) if self.return_lse else None
         with cupy.cuda.Device(self.comm.device):
+            if cupy_stream(stream_ptr(stream)).is_capturing():
+                raise RuntimeError(
+                    f"a {type(self).__name__} of one rank cannot be captured in a CUDA graph: "
+                    "its call makes temporary CuPy arrays, whose memory the pool hands out "
+                    "again while a replay would still write it; call it eagerly")
             bits, lse32 = single_device(x, lse, self.bits, seq_lens, query_start_loc, stream)
             with cupy_stream(stream_ptr(stream)):
                 as_cupy(result).view(self.bits)[...] = bits
@@ -465,7 +482,12 @@ class DcpA2APlan(_Plan):
     reads that memory (no synchronisation) and raises the same ``ValueError``
     on every rank, naming the first field that differs and the ranks. That
     call's result (and that of any call enqueued before the check ran) is
-    void. Calls whose byte counts differ (tokens, heads or head size) feed NCCL
+    void, and the group cannot go on: a rank whose host ran ahead may have
+    launched the next call's all-to-all before its check saw the record, while
+    its peers raised first, so the ranks' collectives are out of step. After
+    this error, call :meth:`synchronize` on every rank (its bounded wait ends
+    an unmatched exchange and aborts NCCL), then build a new communicator and
+    plan. Calls whose byte counts differ (tokens, heads or head size) feed NCCL
     mismatched sizes, which it cannot report: :meth:`synchronize`'s bounded
     wait ends it and names the likely cause.
 
@@ -509,7 +531,7 @@ class DcpA2APlan(_Plan):
                         kernel_array(self._state, np.int64, "state"))
 
     def _warm_up(self, settings, device):
-        build_shared(self.comm.mpi_comm, a2a_tasks(self.dtype, self.head_dim,
+        build_shared(self.comm, a2a_tasks(self.dtype, self.head_dim,
                                                    self.comm.world_size))
 
     def _buffers(self, tokens):
@@ -588,7 +610,7 @@ class DcpAgRsPlan(_Plan):
         self._summed = cupy.empty(T * self.local_heads * self.head_dim, cupy.float32)
 
     def _warm_up(self, settings, device):
-        build_shared(self.comm.mpi_comm, agrs_tasks(self.dtype, self.num_heads, self.head_dim))
+        build_shared(self.comm, agrs_tasks(self.dtype, self.num_heads, self.head_dim))
 
     def _buffers(self, tokens):
         views = self._views.get(tokens)

@@ -1,5 +1,6 @@
 """The NCCL backend's errors where there is no GPU, and communicator arguments."""
 
+import numpy as np
 import pytest
 from mpi4py import MPI
 
@@ -96,3 +97,33 @@ def test_plans_refuse_arrays_in_another_gpus_memory(monkeypatch):
 def test_pointer_device_is_none_without_a_gpu_pointer():
     from cupy_dcp.kernels._arrays import pointer_device
     assert pointer_device(0) is None
+
+
+def _bare_plan(return_lse):
+    """A plan's argument checks without a GPU: the attributes they read."""
+    from types import SimpleNamespace
+
+    from cupy_dcp import plan as plan_module
+    plan = object.__new__(plan_module.DcpA2APlan)
+    plan._closed, plan._repeats = False, {}
+    plan.comm = SimpleNamespace(world_size=2, device=0)
+    plan.num_heads, plan.head_dim, plan.max_tokens, plan.local_heads = 4, 8, 3, 2
+    plan.dtype, plan.return_lse = np.dtype(np.float32), return_lse
+    return plan
+
+
+def test_a_plan_refuses_an_out_lse_it_would_not_write():
+    x, lse = np.zeros((3, 4, 8), np.float32), np.zeros((3, 4), np.float32)
+    with pytest.raises(ValueError, match=r"^out_lse is for a plan that returns the LSE "
+                                         r"\(return_lse=True\); this one does not"):
+        _bare_plan(False)(x, lse, out_lse=np.zeros((3, 2), np.float32))
+    with pytest.raises(ValueError, match=r"^out_lse must have shape \(3, 2\) \(got \(3, 4\)\)$"):
+        _bare_plan(True)(x, lse, out_lse=np.zeros((3, 4), np.float32))
+
+
+@pytest.mark.parametrize("timeout, error", [(-1, ValueError), ("5", TypeError)])
+def test_a_direct_plans_synchronize_checks_its_timeout(timeout, error):
+    """Refused before any wait (the base plans' go through Communicator.limit)."""
+    plan = object.__new__(cupy_dcp.DcpDirectPlan)
+    with pytest.raises(error, match=r"^timeout must be"):
+        plan.synchronize(timeout=timeout)

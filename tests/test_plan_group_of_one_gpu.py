@@ -57,3 +57,29 @@ def test_a_plan_of_one_rank_is_the_host_combine(plan_type, dtype, masked):
     # the comparison covers empty rows: the host combine left them 0 with LSE -inf
     empty = ([0, 8], slice(None)) if masked else ([1, 4], [2, 0])
     assert (want[empty] == 0).all() and (want_lse[empty] == -np.inf).all()
+
+
+@pytest.mark.parametrize("plan_type", PLANS, ids=lambda p: p.__name__)
+def test_a_plan_of_one_rank_refuses_a_capture(plan_type):
+    """Its call makes temporary CuPy arrays, whose memory the pool would hand out again
+    while a replay still wrote it: a capture raises, and an eager call still works."""
+    import cupy
+
+    x, lse, _ = _case(np.float32)
+    comm = cupy_dcp.Communicator.from_mpi(MPI.COMM_SELF, backend="mpi", timeout=30)
+    with plan_type(comm, 12, 4, 6, np.float32) as plan:
+        dx, dlse = cupy.asarray(x), cupy.asarray(lse)
+        stream = cupy.cuda.Stream(non_blocking=True)
+        plan(dx, dlse, stream=stream)  # warm
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            with pytest.raises(RuntimeError, match=r"of one rank cannot be captured in a CUDA "
+                                                   r"graph"):
+                plan(dx, dlse, stream=stream)
+        finally:
+            stream.end_capture()
+        got = plan(dx, dlse, stream=stream)
+        stream.synchronize()
+        assert got.shape == x.shape
+    comm.free()
