@@ -7,7 +7,7 @@ arrays they would cost a device-to-host synchronisation per call.
 
 import numpy as np
 
-from .kernels._format import check_count, check_not_overlapping
+from .kernels._format import check_count, check_flag, check_not_overlapping
 from .layout import as_dtype, check_heads, is_bfloat16, is_supported
 
 __all__ = ["check_count", "check_flag", "check_inputs", "check_lse_range", "check_mask",
@@ -95,13 +95,6 @@ def lse_float32_dtype(dtype, name="cp_attn_lse"):
     if dt is None:
         raise TypeError(f"{name} must be a float array (got dtype {dtype})")
     return dt
-
-
-def check_flag(value, name):
-    """``value`` must be ``True`` or ``False`` (NumPy's bool too): ``TypeError`` else."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False (got {value!r})")
-    return bool(value)
 
 
 def check_lse_range(lse, name="cp_attn_lse"):

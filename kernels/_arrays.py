@@ -97,8 +97,14 @@ def output_array(obj, dtype, name="array"):
 
 
 def kernel_array(obj, dtype, name="array"):
-    """A zero-copy :class:`DeviceArray` over ``obj`` with elements seen as ``dtype`` (same size)."""
+    """A zero-copy :class:`DeviceArray` over ``obj`` with elements seen as ``dtype``, which
+    must have the size of ``obj``'s elements (``TypeError`` otherwise, where ``obj``
+    tells its dtype's size)."""
     dtype = np.dtype(dtype)
+    size = getattr(getattr(obj, "dtype", None), "itemsize", None)
+    if isinstance(size, int) and size != dtype.itemsize:
+        raise TypeError(f"{name} must have {dtype.itemsize}-byte elements, as {dtype} "
+                        f"(got {obj.dtype})")
     if config.ENABLE_CUDASIM:
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 

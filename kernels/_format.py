@@ -141,6 +141,22 @@ def check_count(value, name, minimum=None):
     return int(value)
 
 
+def check_flag(value, name):
+    """``value`` must be ``True`` or ``False`` (NumPy's bool too): ``TypeError`` else."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False (got {value!r})")
+    return bool(value)
+
+
+def check_rank(value, world_size, name="self_rank"):
+    """``value`` must be an integer in ``[0, world_size)`` (``TypeError``, ``ValueError``):
+    a kernel indexes rows by it."""
+    value = check_count(value, name)
+    if not 0 <= value < world_size:
+        raise ValueError(f"{name} must be in [0, {world_size}) (got {value})")
+    return value
+
+
 def check_heads(num_heads, world_size):
     """Every rank keeps ``H/N`` heads: ``ValueError`` naming H and N unless N divides H
     (``TypeError`` unless both are integers, ``ValueError`` unless ``N >= 1``)."""

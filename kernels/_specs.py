@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 from numba import config
 
-from ._format import as_dtype, bits_dtype, check_heads, is_supported, lse_pack_dim
+from ._format import as_dtype, bits_dtype, check_heads, is_bfloat16, is_supported, lse_pack_dim
 
 __all__ = ["check_combine_args", "check_pack_args"]
 
@@ -76,9 +76,12 @@ def check_pack_args(out, lse, send, seq_lens=None, query_start_loc=None, recv=No
     if not is_supported(dtype):
         raise TypeError(f"out dtype must be float16, bfloat16 or float32 (got {out.dtype})")
     B, H, D = _shape(out)
+    if D < 1:
+        raise ValueError(f"out's head size D must be >= 1 (got {D})")
     if _shape(lse) != (B, H):
         raise ValueError(f"lse must be [B, H] = {(B, H)} (got shape {_shape(lse)})")
-    if as_dtype(lse.dtype).kind not in "fV":
+    lse_dtype = as_dtype(lse.dtype)
+    if not (lse_dtype.kind == "f" or is_bfloat16(lse_dtype)):
         raise TypeError(f"lse must be a float array (got dtype {lse.dtype})")
     if len(send.shape) != 4 or send.shape[0] < 1:
         raise ValueError(f"send must be [N, B, H/N, D+P] (got shape {_shape(send)})")
@@ -89,6 +92,11 @@ def check_pack_args(out, lse, send, seq_lens=None, query_start_loc=None, recv=No
         _check_buffer(recv, "recv", _shape(send), dtype)
     if (seq_lens is None) != (query_start_loc is None):
         raise ValueError("seq_lens and query_start_loc must be given together")
+    for name, index in (("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
+        if index is not None and (len(_shape(index)) != 1 or
+                                  as_dtype(index.dtype).kind not in "iu"):
+            raise TypeError(f"{name} must be a 1-D integer array (got {index.dtype} of shape "
+                            f"{_shape(index)})")
     if seq_lens is not None and _shape(query_start_loc) != (_shape(seq_lens)[0] + 1,):
         raise ValueError(f"query_start_loc must have len(seq_lens) + 1 entries "
                          f"(got {_shape(query_start_loc)} for {_shape(seq_lens)})")
@@ -103,6 +111,8 @@ def check_combine_args(recv, out, out_lse=None):
     if not is_supported(dtype):
         raise TypeError(f"out dtype must be float16, bfloat16 or float32 (got {out.dtype})")
     B, hn, D = _shape(out)
+    if D < 1:
+        raise ValueError(f"out's head size D must be >= 1 (got {D})")
     if len(recv.shape) != 4 or recv.shape[0] < 1:
         raise ValueError(f"recv must be [N, B, H/N, D+P] (got shape {_shape(recv)})")
     n = int(recv.shape[0])

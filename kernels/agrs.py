@@ -36,7 +36,7 @@ import numpy as np
 from numba import cuda, float32
 from numba.core import types
 
-from ._format import as_dtype
+from ._format import as_dtype, check_flag, check_heads, check_rank
 from ._arrays import kernel_array, output_array, stream_ptr
 from ._device import device_functions, inline_device, row_weights_of
 from ._launch import DeviceArray, SpecializedKernel, array_type
@@ -507,18 +507,31 @@ def finish_launch(dtype, summed, lses, self_rank, is_lse_base_on_e, out, out_lse
         summed, lses, int(self_rank), int(bool(is_lse_base_on_e)), int(write_lse), out, out_lse)
 
 
+def _float32s(**arrays):
+    for name, arr in arrays.items():
+        if as_dtype(arr.dtype) != np.float32:
+            raise TypeError(f"{name} must be float32 (got {arr.dtype})")
+
+
 def agrs_correct(data, lses, self_rank, corrected, is_lse_base_on_e=True, stream=None):
     """Scale this rank's partials by its exact weights, laid out by destination rank.
 
     Args:
         data: ``[B, H, D]`` float16, bfloat16 or float32 device array, any strides.
         lses: ``[N, B, H]`` float32 device array, C-contiguous: every rank's LSEs.
-        self_rank: this rank's index in ``lses``.
+        self_rank: this rank's index in ``lses`` (an integer in ``[0, N)``).
         corrected: ``[N, B, H/N, D]`` float32 device array, C-contiguous; written.
         stream: the stream to run on; ``None`` is CuPy's current stream.
     """
     dtype = as_dtype(data.dtype)
     _, value = combine_codec(dtype)
+    _float32s(lses=lses, corrected=corrected)
+    if len(lses.shape) != 3 or len(data.shape) != 3:
+        raise ValueError(f"data must be [B, H, D] and lses [N, B, H] (got shapes "
+                         f"{tuple(data.shape)} and {tuple(lses.shape)})")
+    check_heads(int(data.shape[1]), int(lses.shape[0]))
+    self_rank = check_rank(self_rank, int(lses.shape[0]))
+    is_lse_base_on_e = check_flag(is_lse_base_on_e, "is_lse_base_on_e")
     kernel, grid, block, args = correct_launch(
         dtype, kernel_array(data, value, "data"), kernel_array(lses, np.float32, "lses"),
         self_rank, is_lse_base_on_e, output_array(corrected, np.float32, "corrected"))
@@ -534,6 +547,11 @@ def agrs_finish(summed, lses, self_rank, out, out_lse=None, is_lse_base_on_e=Tru
     (:func:`finishes_flat`), the same bits faster."""
     dtype = as_dtype(out.dtype)
     _, value = combine_codec(dtype)
+    _float32s(summed=summed, lses=lses, **({} if out_lse is None else dict(out_lse=out_lse)))
+    if len(lses.shape) != 3:
+        raise ValueError(f"lses must be [N, B, H] (got shape {tuple(lses.shape)})")
+    self_rank = check_rank(self_rank, int(lses.shape[0]))
+    is_lse_base_on_e = check_flag(is_lse_base_on_e, "is_lse_base_on_e")
     lse_arr = None if out_lse is None else output_array(out_lse, np.float32, "out_lse")
     kernel, grid, block, args = finish_launch(
         dtype, kernel_array(summed, np.float32, "summed"), kernel_array(lses, np.float32, "lses"),

@@ -37,6 +37,7 @@ from ._launch import DeviceArray, SpecializedKernel, array_type
 from ._blocks import BLOCK_THREADS, blocks_kernel
 from ._rows import MAX_GRID_Z, MAX_REGISTERS, UNROLL, WARP, lanes_per_row, tile_cursor, tile_grid
 from ._slices import slices_kernel
+from ._format import check_flag
 from ._specs import check_combine_args
 from ._trailer import WORDS, combine_checks
 
@@ -377,6 +378,7 @@ def unpack_combine(recv, out, out_lse=None, is_lse_base_on_e=True, stream=None):
         stream: the stream to run on; ``None`` is CuPy's current stream.
     """
     spec = check_combine_args(recv, out, out_lse)
+    is_lse_base_on_e = check_flag(is_lse_base_on_e, "is_lse_base_on_e")
     if spec.tokens == 0:
         return
     _, value = combine_codec(spec.dtype)

@@ -90,6 +90,23 @@ def _compiled(parallel):
     return pack, combine
 
 
+def _check(name, arr, shape, kinds):
+    """``arr`` must be a NumPy array of ``shape`` whose dtype kind is in ``kinds``: the
+    twins are Numba code without bounds checks, so a wrong size reads or writes past
+    an array instead of raising."""
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy array (got {type(arr).__name__})")
+    if arr.shape != tuple(int(e) for e in shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)} (got {arr.shape})")
+    if arr.dtype.kind not in kinds:
+        raise TypeError(f"{name} has dtype {arr.dtype}, not one of the kinds {kinds!r}")
+
+
+def _check_rank(self_rank, n):
+    if not 0 <= int(self_rank) < n:
+        raise ValueError(f"self_rank must be in [0, {n}) (got {self_rank})")
+
+
 def _mask_args(seq_lens, query_start_loc):
     if seq_lens is None:
         return _EMPTY_INDEX, _EMPTY_INDEX, -1
@@ -108,6 +125,21 @@ def pack_host(data_bits, lse_bits, send_bits, seq_lens=None, query_start_loc=Non
         seq_lens, query_start_loc: optional ``[S]`` and ``[S+1]`` integers;
             rows of empty sequences and padding rows get LSE -inf.
     """
+    if not isinstance(data_bits, np.ndarray) or data_bits.ndim != 3 or \
+            data_bits.dtype not in (np.uint16, np.uint32):
+        raise TypeError("data_bits must be a [B, H, D] NumPy array of uint16 or uint32 bits")
+    b, h, d = data_bits.shape
+    if not isinstance(send_bits, np.ndarray) or send_bits.ndim != 4 or send_bits.shape[0] < 1 \
+            or h % send_bits.shape[0]:
+        raise ValueError(f"send_bits must be [N, B, H/N, D+P] with N dividing H = {h}")
+    n, pack_dim = send_bits.shape[0], 2 if data_bits.dtype == np.uint16 else 1
+    _check("lse_bits", lse_bits, (b, h), "u")
+    if lse_bits.dtype != np.uint32:
+        raise TypeError(f"lse_bits must be uint32 (got {lse_bits.dtype})")
+    _check("send_bits", send_bits, (n, b, h // n, d + pack_dim), "u")
+    if send_bits.dtype != data_bits.dtype:
+        raise TypeError(f"send_bits must have data_bits' dtype {data_bits.dtype} "
+                        f"(got {send_bits.dtype})")
     pack, _ = _compiled(send_bits.size >= PARALLEL_MIN_ELEMENTS)
     pack(data_bits, lse_bits, *_mask_args(seq_lens, query_start_loc), send_bits)
 
@@ -117,6 +149,13 @@ def combine_host(parts, lses, out, out_lse, is_lse_base_on_e=True):
 
     Writes ``out [B, H/N, D]`` and ``out_lse [B, H/N]``, both float64.
     """
+    if not isinstance(parts, np.ndarray) or parts.ndim != 4:
+        raise ValueError("parts must be a [N, B, H/N, D] NumPy array")
+    n, b, hn, d = parts.shape
+    _check("parts", parts, (n, b, hn, d), "f")
+    _check("lses", lses, (n, b, hn), "f")
+    _check("out", out, (b, hn, d), "f")
+    _check("out_lse", out_lse, (b, hn), "f")
     _, combine = _compiled(parts.size >= PARALLEL_MIN_ELEMENTS)
     combine(parts, lses, out, out_lse, bool(is_lse_base_on_e))
 
@@ -155,6 +194,8 @@ def _compiled_agrs():
 def mask_lse_host(lse, seq_lens, query_start_loc):
     """Set, in place, the LSE ``[B, H]`` of empty and padding tokens to -inf."""
     if seq_lens is not None:
+        if not isinstance(lse, np.ndarray) or lse.ndim != 2 or lse.dtype.kind != "f":
+            raise ValueError("lse must be a [B, H] float NumPy array")
         _compiled_agrs()[0](lse, *_mask_args(seq_lens, query_start_loc))
 
 
@@ -164,9 +205,26 @@ def agrs_correct_host(data, lses, self_rank, corrected, is_lse_base_on_e=True):
     ``data [B, H, D]`` float32, ``lses [N, B, H]`` float32 (every rank's), and
     ``w_self`` this rank's exact weight (0 for an empty shard: its term is 0).
     """
+    if not isinstance(lses, np.ndarray) or lses.ndim != 3 or lses.shape[0] < 1 or \
+            lses.shape[2] % lses.shape[0]:
+        raise ValueError("lses must be a [N, B, H] NumPy array, N dividing H")
+    n, b, h = lses.shape
+    _check("lses", lses, (n, b, h), "f")
+    if not isinstance(data, np.ndarray) or data.ndim != 3:
+        raise ValueError("data must be a [B, H, D] NumPy array")
+    _check("data", data, (b, h, data.shape[2]), "f")
+    _check("corrected", corrected, (n, b, h // n, data.shape[2]), "f")
+    _check_rank(self_rank, n)
     _compiled_agrs()[1](data, lses, int(self_rank), bool(is_lse_base_on_e), corrected)
 
 
 def agrs_lse_host(lses, self_rank, local_heads, out_lse, is_lse_base_on_e=True):
     """The global LSE ``out_lse [B, H/N]`` (float64) of this rank's heads from ``lses [N, B, H]``."""
+    if not isinstance(lses, np.ndarray) or lses.ndim != 3 or \
+            lses.shape[2] != lses.shape[0] * int(local_heads):
+        raise ValueError(f"lses must be a [N, B, H] NumPy array with H = N * local_heads "
+                         f"({local_heads})")
+    _check("lses", lses, lses.shape, "f")
+    _check("out_lse", out_lse, (lses.shape[1], int(local_heads)), "f")
+    _check_rank(self_rank, lses.shape[0])
     _compiled_agrs()[2](lses, int(self_rank), int(local_heads), bool(is_lse_base_on_e), out_lse)

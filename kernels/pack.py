@@ -27,7 +27,7 @@ from numba.core import types
 
 from ._arrays import dummy_index, kernel_array, output_array, stream_ptr
 from ._device import device_functions
-from ._format import LSE_HALF_BITS, LSE_HALF_MASK
+from ._format import LSE_HALF_BITS, LSE_HALF_MASK, check_rank
 from ._launch import SpecializedKernel, array_type
 from ._math import NEG_INF_BITS
 from ._pack_tokens import by_tokens, signs_ahead, tokens_kernel
@@ -496,7 +496,9 @@ def pack_send(out, lse, send, stream=None, seq_lens=None, query_start_loc=None,
         recv, self_rank: optional receive buffer shaped like ``send``
             (C-contiguous) and this rank's index: chunk ``self_rank`` is written
             straight to ``recv[self_rank]`` (it never needs to cross the
-            exchange) instead of ``send[self_rank]``.
+            exchange) instead of ``send[self_rank]``. With ``recv``, ``self_rank``
+            must be an integer in ``[0, N)``; without it, left at -1
+            (``ValueError``, ``TypeError`` otherwise).
         stream: the stream to run on; ``None`` is CuPy's current stream.
         seq_lens, query_start_loc: optional ``[S]`` and ``[S+1]`` integer device
             arrays; tokens of sequences with no KV here, and padding tokens
@@ -505,6 +507,11 @@ def pack_send(out, lse, send, stream=None, seq_lens=None, query_start_loc=None,
             temporaries first, as ``lse`` is.
     """
     spec = check_pack_args(out, lse, send, seq_lens, query_start_loc, recv)
+    if recv is not None:
+        self_rank = check_rank(self_rank, spec.world_size)
+    elif self_rank != -1:
+        raise ValueError(f"self_rank names the chunk written to recv: pass recv with it "
+                         f"(got self_rank={self_rank!r} and no recv)")
     if spec.tokens == 0:
         return
     ptr = stream_ptr(stream)
@@ -519,8 +526,6 @@ def pack_send(out, lse, send, stream=None, seq_lens=None, query_start_loc=None,
         num_seqs = int(seq_lens.shape[0])
     send_arr = output_array(send, spec.bits, "send")
     recv_arr = send_arr if recv is None else output_array(recv, spec.bits, "recv")
-    if recv is None:
-        self_rank = -1
     kernel, grid, block, args = pack_launch(
         kernel_array(out, spec.bits, "out"), kernel_array(lse, np.uint32, "lse"),
         seq_arr, qsl_arr, num_seqs, send_arr, recv_arr, self_rank)

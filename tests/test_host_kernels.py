@@ -233,3 +233,28 @@ def test_row_is_empty_against_a_linear_scan():
             expect = not owners or seq_lens[owners[0]] <= 0
             assert row_is_empty(b, seq_lens, starts, s) == expect, (b, starts, seq_lens)
     assert not row_is_empty(0, seq_lens, starts, -1)  # no mask
+
+
+def test_the_host_twins_refuse_sizes_they_would_overrun():
+    """Numba code without bounds checks: a wrong size would read or write past an array."""
+    from cupy_dcp.kernels import agrs_correct_host, agrs_lse_host, combine_host, pack_host
+
+    data = np.zeros((3, 4, 8), np.uint16)
+    lse_bits = np.zeros((3, 4), np.uint32)
+    with pytest.raises(ValueError, match=r"^send_bits must have shape \(2, 3, 2, 10\)"):
+        pack_host(data, lse_bits, np.zeros((2, 3, 2, 9), np.uint16))  # narrower than D + P
+    with pytest.raises(ValueError, match=r"^send_bits must be \[N, B, H/N, D\+P\] with N "
+                                         r"dividing H = 4"):
+        pack_host(data, lse_bits, np.zeros((3, 3, 2, 10), np.uint16))
+    with pytest.raises(TypeError, match=r"^data_bits must be a \[B, H, D\] NumPy array of "
+                                        r"uint16 or uint32 bits"):
+        pack_host(data.astype(np.float32), lse_bits, np.zeros((2, 3, 2, 9), np.float32))
+    with pytest.raises(TypeError, match=r"^lse_bits has dtype int32"):
+        pack_host(data, lse_bits.astype(np.int32), np.zeros((2, 3, 2, 10), np.uint16))
+    with pytest.raises(ValueError, match=r"^out must have shape \(3, 2, 8\)"):
+        combine_host(np.zeros((2, 3, 2, 8)), np.zeros((2, 3, 2)), np.zeros((3, 2, 7)),
+                     np.zeros((3, 2)))
+    with pytest.raises(ValueError, match=r"^self_rank must be in \[0, 2\) \(got 2\)$"):
+        agrs_correct_host(np.zeros((3, 4, 8)), np.zeros((2, 3, 4)), 2, np.zeros((2, 3, 2, 8)))
+    with pytest.raises(ValueError, match=r"^out_lse must have shape \(3, 2\)"):
+        agrs_lse_host(np.zeros((2, 3, 4)), 0, 2, np.zeros((3, 4)))

@@ -194,6 +194,66 @@ def test_kernels_refuse_outputs_whose_elements_share_memory():
     np.testing.assert_array_equal(store, 7)
 
 
+def test_kernels_refuse_arguments_they_would_misuse():
+    """Arguments the kernels would index with, or read at the wrong size: refused before
+    any launch, and nothing written."""
+    from cupy_dcp import pack_reference
+    from cupy_dcp.kernels import agrs_correct, agrs_finish, pack_send, unpack_combine
+    from kernel_checks import make_inputs
+
+    rng = np.random.default_rng(5)
+    xs, ls = make_inputs(rng, 2, 3, 4, 5, np.dtype(np.float32))
+    recv = np.stack([pack_reference(xs[k], ls[k], 2)[0] for k in range(2)])
+    lses = np.ascontiguousarray(ls)  # [N, B, H]
+    summed = np.zeros((3, 2, 5), np.float32)
+    out = np.full((3, 2, 5), 7, np.float32)
+    corrected = np.full((2, 3, 2, 5), 7, np.float32)
+    send = np.full((2, 3, 2, 6), 7, np.float32)
+    for bad, error in ((2, ValueError), (-1, ValueError), (1.0, TypeError), (True, TypeError)):
+        with pytest.raises(error, match=r"^self_rank must be"):
+            agrs_correct(xs[0], lses, bad, corrected)
+        with pytest.raises(error, match=r"^self_rank must be"):
+            agrs_finish(summed, lses, bad, out)
+        with pytest.raises(error, match=r"^self_rank must be"):
+            pack_send(xs[0], ls[0], send, recv=np.zeros_like(send), self_rank=bad)
+    with pytest.raises(ValueError, match=r"^self_rank names the chunk written to recv"):
+        pack_send(xs[0], ls[0], send, self_rank=1)
+    with pytest.raises(ValueError, match=r"^num_heads must be divisible by world_size"):
+        agrs_correct(np.zeros((3, 5, 5), np.float32), np.zeros((2, 3, 5), np.float32), 0,
+                     np.zeros((2, 3, 2, 5), np.float32))
+    with pytest.raises(TypeError, match=r"^out_lse must be float32 \(got float64\)$"):
+        agrs_finish(summed, lses, 0, out, np.zeros((3, 2), np.float64))
+    with pytest.raises(TypeError, match=r"^lses must be float32 \(got float16\)$"):
+        agrs_finish(summed, lses.astype(np.float16), 0, out)
+    with pytest.raises(TypeError, match=r"^is_lse_base_on_e must be True or False"):
+        agrs_correct(xs[0], lses, 0, corrected, is_lse_base_on_e="False")
+    with pytest.raises(TypeError, match=r"^is_lse_base_on_e must be True or False"):
+        unpack_combine(recv, out, is_lse_base_on_e="False")
+    with pytest.raises(TypeError, match=r"^seq_lens must be a 1-D integer array"):
+        pack_send(xs[0], ls[0], send, seq_lens=np.zeros((2, 1), np.int64),
+                  query_start_loc=np.zeros(3, np.int64))
+    with pytest.raises(TypeError, match=r"^query_start_loc must be a 1-D integer array"):
+        pack_send(xs[0], ls[0], send, seq_lens=np.zeros(2, np.int64),
+                  query_start_loc=np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match=r"^out's head size D must be >= 1 \(got 0\)$"):
+        unpack_combine(np.zeros((2, 1, 2, 1), np.float32), np.zeros((1, 2, 0), np.float32))
+    with pytest.raises(ValueError, match=r"^out's head size D must be >= 1 \(got 0\)$"):
+        pack_send(np.zeros((1, 2, 0), np.float32), np.zeros((1, 2), np.float32),
+                  np.zeros((2, 1, 1, 1), np.float32))
+    np.testing.assert_array_equal(out, 7)
+    np.testing.assert_array_equal(corrected, 7)
+    np.testing.assert_array_equal(send, 7)
+
+
+def test_kernel_arrays_of_another_element_size_are_refused():
+    from cupy_dcp.kernels._arrays import kernel_array
+
+    with pytest.raises(TypeError, match=r"^lses must have 4-byte elements, as float32 \(got "
+                                        r"float64\)$"):
+        kernel_array(np.zeros(3), np.float32, "lses")
+    assert kernel_array(np.zeros(3, np.float32), np.uint32).dtype == np.uint32  # same size
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(1, 2, 2, 1), (2, 2, 2, 8), (3, 2, 1, 33),
                                    (9, 2, 1, 5),  # more LSEs than finish's lane 0 holds
