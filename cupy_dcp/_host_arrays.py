@@ -15,7 +15,7 @@ import numpy as np
 
 from .layout import as_dtype, is_bfloat16
 
-__all__ = ["host_view", "is_host_array"]
+__all__ = ["host_view", "is_device_array", "is_host_array"]
 
 KDL_CPU = 1  # DLPack's device type of host memory
 _KDL_UINT, _KDL_BFLOAT = 1, 4  # DLPack's type codes
@@ -37,6 +37,23 @@ def is_host_array(obj):
     except Exception:  # an exporter that cannot say: not taken as host memory
         return False
     return int(device[0]) == KDL_CPU
+
+
+def is_device_array(obj):
+    """Whether ``obj`` is an array the device path takes: DLPack on a device other than
+    the CPU, or ``__cuda_array_interface__``."""
+    if isinstance(obj, (np.ndarray, type)):
+        return False
+    if hasattr(obj, "__dlpack_device__"):
+        try:
+            return int(obj.__dlpack_device__()[0]) != KDL_CPU
+        except Exception:  # an exporter that cannot say: try the CUDA interface
+            pass
+    try:
+        obj.__cuda_array_interface__
+    except Exception:  # absent (or refused for a dtype, with no DLPack to fall back on)
+        return False
+    return True
 
 
 def host_view(obj, name="array"):

@@ -3,7 +3,7 @@
 import numpy as np
 
 from . import _checks
-from ._host_arrays import host_view, is_host_array
+from ._host_arrays import host_view, is_device_array
 from ._signed import TRAILER_BYTES
 from .comm import as_communicator
 from .layout import bits_dtype, c_strides, round_from_float64, send_buffer_shape
@@ -95,9 +95,11 @@ def dcp_ag_rs_lse_reduce(cp_attn_out, cp_attn_lse, comm, return_lse=False,
     Every rank all-gathers the LSEs ``[N, B, H]``, scales each of its heads
     by its exact weight, and a reduce-scatter sums the ranks' terms (float64
     on the host, float32 on the GPU), rounded once to the output dtype. Same
-    arguments, results and errors as :func:`dcp_a2a_lse_reduce`; it moves
-    about twice the bytes, and is the baseline the all-to-all is measured
-    against (``python -m cupy_dcp.bench``).
+    arguments, contract and errors as :func:`dcp_a2a_lse_reduce`, within the
+    same error bound, though not always to the bit: MPI and NCCL sum the
+    ranks' terms in an order of their own (seen at N = 4: one output ulp). It
+    moves about twice the bytes, and is the baseline the all-to-all is
+    measured against (``python -m cupy_dcp.bench``).
     """
     return _reduce("ag_rs", cp_attn_out, cp_attn_lse, comm, return_lse, is_lse_base_on_e, out,
                    seq_lens, query_start_loc, stream, check_consistency)
@@ -108,7 +110,10 @@ def _reduce(strategy, x, lse, comm, return_lse, base_e, out, seq_lens, query_sta
     comm = as_communicator(comm)
     comm.check_usable()
     name = f"dcp_{strategy}_lse_reduce"
-    host_call = is_host_array(x) or is_host_array(lse)
+    # a host call unless both are device arrays: a rank that passes something else (a
+    # list, None) takes part in the host exchange to fail with its peers, instead of
+    # leaving them to pair this call with its next one
+    host_call = not (is_device_array(x) and is_device_array(lse))
     if host_call:  # an 'nccl' communicator takes no host call: every such rank raises at once
         comm._check_host()
     call = comm.next_call() if host_call else None
@@ -135,7 +140,7 @@ def _reduce(strategy, x, lse, comm, return_lse, base_e, out, seq_lens, query_sta
         raise
     if check_consistency:
         comm.agree(name, dict(
-            strategy=strategy, tokens=B, num_heads=H, head_dim=D, dtype=dtype.name,
+            strategy=strategy, tokens=B, num_heads=H, head_dim=D, dtype=_dtype_tag(dtype),
             return_lse=return_lse, is_lse_base_on_e=base_e,
             masked=seq_lens is not None, arrays="host" if on_host else "device",
             call_number=call))
@@ -146,7 +151,7 @@ def _reduce(strategy, x, lse, comm, return_lse, base_e, out, seq_lens, query_sta
         # mean in a group of two.
         run = _a2a_host if strategy == "a2a" or comm.world_size == 1 else _ag_rs_host
         signature = dict(strategy=strategy, tokens=B, num_heads=H, head_dim=D,
-                         dtype=dtype.name, is_lse_base_on_e=base_e, call_number=call)
+                         dtype=_dtype_tag(dtype), is_lse_base_on_e=base_e, call_number=call)
         result, result_lse = run(x, np.asarray(lse, dtype=np.float32), comm, base_e, seq_lens,
                                  query_start_loc, dtype, (name, signature))
         if out is not None:
@@ -157,6 +162,13 @@ def _reduce(strategy, x, lse, comm, return_lse, base_e, out, seq_lens, query_sta
         return _single_device(x, lse, out, return_lse, seq_lens, query_start_loc, stream, dtype)
     return _reduce_device(strategy, x, lse, comm, return_lse, base_e, out, seq_lens,
                           query_start_loc, stream, (B, H // comm.world_size, D), dtype)
+
+
+def _dtype_tag(dtype):
+    """The dtype as the ranks compare it: its name, after its byte order where that is
+    not the machine's (the host path moves raw bytes: ranks of other byte orders would
+    read each other's values wrong)."""
+    return dtype.name if dtype.isnative else dtype.byteorder + dtype.name
 
 
 def _single_device(x, lse, out, return_lse, seq_lens, query_start_loc, stream, dtype):
@@ -231,8 +243,8 @@ def _a2a_host(x, lse32, comm, base_e, seq_lens, query_start_loc, dtype, signed):
 
 
 def _ag_rs_host(x, lse32, comm, base_e, seq_lens, query_start_loc, dtype, signed):
-    """All-gather the LSEs (signed), correct, reduce-scatter (float64); same results as
-    ``_a2a_host``."""
+    """All-gather the LSEs (signed), correct, reduce-scatter (float64); the results of
+    ``_a2a_host`` within its error bound (MPI sums the ranks' terms in its own order)."""
     B, H, D = x.shape
     n = comm.world_size
     nbytes = B * H * 4

@@ -65,9 +65,12 @@ def lse_weighted_combine(outputs, lses, return_lse=False, is_lse_base_on_e=True)
     m = lse.max(axis=0)
     m[m == -np.inf] = 0.0
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        total = exp(lse - m).sum(axis=0)
+        scaled = exp(lse - m)
+        total = scaled.sum(axis=0)
         global_lse = log(total) + m
-        weights = exp(lse - global_lse)
+        # exp(l - m) / total, not exp(l - global_lse): where |m| is past about 4.5e15,
+        # m + log(total) rounds to m in float64 and the weights would sum to N
+        weights = scaled / total
         weights[np.isnan(weights)] = 0.0
         parts = outputs.astype(np.float64)
         terms = np.where(weights[..., None] == 0.0, 0.0, weights[..., None] * parts)

@@ -14,6 +14,8 @@ Run: mpiexec -n 2 python tests/host_faults_worker.py SCENARIO
 - ``agrs_late_reduce``: rank 1 is late between AG+RS's all-gather and its
   reduce-scatter; rank 0's reduce-scatter raises in time, and rank 1's, which then
   completes, raises too (rank 0 gave up on it) instead of returning.
+- ``list_rank``: rank 1 passes lists; both raise, and the next call is right.
+- ``byte_order``: rank 1's float16 partials are big-endian: both raise a ValueError.
 - ``allgather_sizes``: the ranks' all-gathers differ in size: a rank whose MPI
   detects it raises a RuntimeError saying so (not MPI's exception).
 - ``warnings_as_errors``: under ``-W error``, rank 1 passes a float64 LSE beyond
@@ -119,6 +121,27 @@ def main(scenario):
         msg = expect_raise(RuntimeError, lambda: cupy_dcp.dcp_ag_rs_lse_reduce(x, lse, comm))
         expected = "MPI reduce-scatter of" if rank == 0 else "rank 0 gave up waiting for rank 1"
         assert expected in msg, msg
+    elif scenario == "list_rank":
+        # rank 1 passes lists: it still takes part in the exchange, so both ranks raise
+        # and the next call pairs with the next call (it used to pair rank 0's first
+        # call with rank 1's second, and return a wrong result)
+        comm = cupy_dcp.Communicator.from_mpi(world, timeout=20.0)
+        x, lse = inputs(3)
+        bad = (x.tolist(), lse.tolist()) if rank == 1 else (x, lse)
+        msg = expect_raise(TypeError, lambda: cupy_dcp.dcp_a2a_lse_reduce(*bad, comm))
+        assert "cp_attn_out must be an array" in msg and (rank == 1 or "rank 1 failed" in msg), msg
+        got = cupy_dcp.dcp_a2a_lse_reduce(x, lse, comm)
+        assert got.shape == (3, 2, 8), got.shape
+    elif scenario == "byte_order":
+        # rank 1's partials are big-endian: the host path moves raw bytes, so the ranks
+        # must agree on the byte order too (a ValueError on both, not wrong values)
+        comm = cupy_dcp.Communicator.from_mpi(world, timeout=20.0)
+        x, lse = inputs(3)
+        x = x.astype(np.float16)
+        if rank == 1:
+            x = x.astype(">f2")
+        msg = expect_raise(ValueError, lambda: cupy_dcp.dcp_a2a_lse_reduce(x, lse, comm))
+        assert "ranks disagree on dtype (rank 0: 'float16'; rank 1: '>float16')" in msg, msg
     elif scenario == "allgather_sizes":
         # ranks that give an all-gather of other sizes (as a device AG+RS plan over the
         # MPI transport would, called with other token counts): where MPI detects it, a

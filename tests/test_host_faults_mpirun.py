@@ -11,7 +11,8 @@ HERE = Path(__file__).resolve().parent
 
 
 @pytest.mark.parametrize("scenario", ["diverge", "bad_rank", "timeout", "timeout_large",
-                                      "agrs_late_reduce", "allgather_sizes", "warnings_as_errors",
+                                      "agrs_late_reduce", "allgather_sizes", "list_rank",
+                                      "byte_order", "warnings_as_errors",
                                       "device_masks", "unexpected_error"])
 def test_every_rank_raises_instead_of_hanging(mpiexec, scenario):
     cmd = mpiexec(2, sys.executable, str(HERE / "host_faults_worker.py"), scenario)

@@ -135,3 +135,14 @@ def test_bad_arguments_raise(kwargs, error, message):
     args.update(kwargs)
     with pytest.raises(error, match=message):
         lse_weighted_combine(**args)
+
+
+@pytest.mark.parametrize("level", [1e10, 1e17, 3e38, -3e38])
+def test_the_reference_weighs_huge_lses_right(level):
+    """Equal LSEs weigh their shards equally, however large: the weights are
+    exp(l - m) / total (m + log(total) loses log(total) past about 4.5e15)."""
+    outputs = np.ones((2, 1, 1, 1), np.float32)
+    lses = np.full((2, 1, 1), level, np.float32)
+    got, lse = lse_weighted_combine(outputs, lses, return_lse=True)
+    assert got[0, 0, 0] == 1.0, got
+    np.testing.assert_allclose(lse[0, 0], float(np.float32(level)) + math.log(2), rtol=1e-7)
