@@ -237,21 +237,24 @@ def _together(comm, run):
     return result
 
 
+def _bounded(comm):
+    """Whether ``comm`` is a :class:`~cupy_dcp.comm.Communicator` (not an mpi4py one)."""
+    return hasattr(comm, "allgather_object")
+
+
 def _gather(comm, what, value):
     """Every rank's ``value``, in rank order: through :meth:`Communicator.allgather_object`
     (bounded by its timeout; ``what`` names the step in its errors) where ``comm`` is
     one, else MPI's ``allgather``."""
-    if hasattr(comm, "allgather_object"):
-        return comm.allgather_object(what, value)
-    return comm.allgather(value)
+    return comm.allgather_object(what, value) if _bounded(comm) else comm.allgather(value)
 
 
 def _size(comm):
-    return comm.world_size if hasattr(comm, "world_size") else comm.Get_size()
+    return comm.world_size if _bounded(comm) else comm.Get_size()
 
 
 def _rank(comm):
-    return comm.rank if hasattr(comm, "allgather_object") else comm.Get_rank()
+    return comm.rank if _bounded(comm) else comm.Get_rank()
 
 
 def run_tasks(tasks):

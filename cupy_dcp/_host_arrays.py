@@ -26,17 +26,21 @@ _TENSOR_AT = {b"dltensor": 0, b"dltensor_versioned": 32}
 _DTYPE_AT = 20  # DLTensor.dtype: after the data pointer (8), device (8) and ndim (4)
 
 
+def _dlpack_device_type(obj):
+    """The DLPack device type ``obj`` reports (``KDL_CPU`` for host memory), or ``None``
+    where it reports none (no ``__dlpack_device__``, a class, or an exporter that
+    cannot say)."""
+    if isinstance(obj, type) or not hasattr(obj, "__dlpack_device__"):
+        return None
+    try:
+        return int(obj.__dlpack_device__()[0])
+    except Exception:
+        return None
+
+
 def is_host_array(obj):
     """Whether ``obj`` is a NumPy array, or another array whose DLPack device is the CPU."""
-    if isinstance(obj, np.ndarray):
-        return True
-    if isinstance(obj, type) or not hasattr(obj, "__dlpack_device__"):
-        return False
-    try:
-        device = obj.__dlpack_device__()
-    except Exception:  # an exporter that cannot say: not taken as host memory
-        return False
-    return int(device[0]) == KDL_CPU
+    return isinstance(obj, np.ndarray) or _dlpack_device_type(obj) == KDL_CPU
 
 
 def is_device_array(obj):
@@ -44,11 +48,9 @@ def is_device_array(obj):
     the CPU, or ``__cuda_array_interface__``."""
     if isinstance(obj, (np.ndarray, type)):
         return False
-    if hasattr(obj, "__dlpack_device__"):
-        try:
-            return int(obj.__dlpack_device__()[0]) != KDL_CPU
-        except Exception:  # an exporter that cannot say: try the CUDA interface
-            pass
+    device = _dlpack_device_type(obj)
+    if device is not None:
+        return device != KDL_CPU
     try:
         obj.__cuda_array_interface__
     except Exception:  # absent (or refused for a dtype, with no DLPack to fall back on)

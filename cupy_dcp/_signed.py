@@ -138,10 +138,7 @@ def exchange(comm, send, recv, what, limit):
 
 def _give_up(comm, what, waiting, limit, keep):
     comm._abandoned.append(keep)  # MPI may still read or write these buffers
-    late = waiting or [p for p in range(comm.world_size) if p != comm.rank]
-    for p in late:  # tell the late ranks: they raise too when they arrive
-        comm._abandoned.append(comm.mpi_comm.Isend([np.zeros(1, np.uint8), MPI.BYTE], dest=p,
-                                                    tag=_GAVE_UP_TAG))
+    give_up_on_all(comm, waiting)  # the late ranks (all, if none is known) raise on arrival
     who = "rank" if len(waiting) == 1 else "ranks"
     missing = (f"no message from {who} {', '.join(map(str, waiting))}" if waiting
                else "a peer did not take this rank's message")
@@ -151,14 +148,13 @@ def _give_up(comm, what, waiting, limit, keep):
     raise RuntimeError(reason)
 
 
-def give_up_on_all(comm):
-    """Tell every peer that this rank gave up waiting (a collective timed out): each
-    raises at its next check (:func:`check_notices`) instead of waiting its own
-    timeout."""
-    for p in range(comm.world_size):
-        if p != comm.rank:
-            comm._abandoned.append(comm.mpi_comm.Isend([np.zeros(1, np.uint8), MPI.BYTE],
-                                                        dest=p, tag=_GAVE_UP_TAG))
+def give_up_on_all(comm, peers=()):
+    """Tell ``peers`` (every other rank where none are named: a collective timed out)
+    that this rank gave up waiting: each raises at its next check
+    (:func:`check_notices`) instead of waiting its own timeout."""
+    for p in peers or [p for p in range(comm.world_size) if p != comm.rank]:
+        comm._abandoned.append(comm.mpi_comm.Isend([np.zeros(1, np.uint8), MPI.BYTE], dest=p,
+                                                    tag=_GAVE_UP_TAG))
 
 
 def check_notices(comm, pending=None):

@@ -124,11 +124,8 @@ def _reduce(strategy, x, lse, comm, return_lse, base_e, out, seq_lens, query_sta
         base_e = _checks.check_flag(base_e, "is_lse_base_on_e")
         if host_call:  # another framework's host arrays as NumPy views (bfloat16 too)
             x, lse = host_view(x, "cp_attn_out"), host_view(lse, "cp_attn_lse")
-            out = None if out is None else host_view(out, "out")
-            if seq_lens is not None:
-                seq_lens = host_view(seq_lens, "seq_lens")
-            if query_start_loc is not None:
-                query_start_loc = host_view(query_start_loc, "query_start_loc")
+            out, seq_lens = host_view(out, "out"), host_view(seq_lens, "seq_lens")
+            query_start_loc = host_view(query_start_loc, "query_start_loc")
         B, H, D, dtype, on_host = _check_call(x, lse, comm.world_size, out, seq_lens,
                                               query_start_loc)
     except Exception as exc:

@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._cache import cached_njit
-from ._format import LSE_HALF_BITS, LSE_HALF_MASK
+from ._format import LSE_HALF_BITS, LSE_HALF_MASK, check_rank
 from ._math import NEG_INF_BITS, build_mask, build_math, build_row_weights
 
 __all__ = ["agrs_correct_host", "agrs_lse_host", "combine_host", "mask_lse_host", "pack_host"]
@@ -100,11 +100,6 @@ def _check(name, arr, shape, kinds):
         raise ValueError(f"{name} must have shape {tuple(shape)} (got {arr.shape})")
     if arr.dtype.kind not in kinds:
         raise TypeError(f"{name} has dtype {arr.dtype}, not one of the kinds {kinds!r}")
-
-
-def _check_rank(self_rank, n):
-    if not 0 <= int(self_rank) < n:
-        raise ValueError(f"self_rank must be in [0, {n}) (got {self_rank})")
 
 
 def _mask_args(seq_lens, query_start_loc):
@@ -214,7 +209,7 @@ def agrs_correct_host(data, lses, self_rank, corrected, is_lse_base_on_e=True):
         raise ValueError("data must be a [B, H, D] NumPy array")
     _check("data", data, (b, h, data.shape[2]), "f")
     _check("corrected", corrected, (n, b, h // n, data.shape[2]), "f")
-    _check_rank(self_rank, n)
+    check_rank(self_rank, n)
     _compiled_agrs()[1](data, lses, int(self_rank), bool(is_lse_base_on_e), corrected)
 
 
@@ -226,5 +221,5 @@ def agrs_lse_host(lses, self_rank, local_heads, out_lse, is_lse_base_on_e=True):
                          f"({local_heads})")
     _check("lses", lses, lses.shape, "f")
     _check("out_lse", out_lse, (lses.shape[1], int(local_heads)), "f")
-    _check_rank(self_rank, lses.shape[0])
+    check_rank(self_rank, lses.shape[0])
     _compiled_agrs()[2](lses, int(self_rank), int(local_heads), bool(is_lse_base_on_e), out_lse)

@@ -34,16 +34,9 @@ def parse_args():
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"])
     p.add_argument("--iters", type=int, default=20, help="timed calls")
     args = p.parse_args()
-    if args.seqs < 1:
-        p.error(f"--seqs must be >= 1 (got {args.seqs})")
-    if args.heads < 1:
-        p.error(f"--heads must be >= 1 (got {args.heads})")
-    if args.head_dim < 1:
-        p.error(f"--head-dim must be >= 1 (got {args.head_dim})")
-    if args.max_kv < 1:
-        p.error(f"--max-kv must be >= 1 (got {args.max_kv})")
-    if args.iters < 1:
-        p.error(f"--iters must be >= 1 (got {args.iters})")
+    for name in ("seqs", "heads", "head_dim", "max_kv", "iters"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
     ranks = MPI.COMM_WORLD.Get_size()
     if args.heads % ranks:
         p.error(f"--heads must be a multiple of the ranks (got {args.heads} heads for {ranks})")

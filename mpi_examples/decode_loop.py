@@ -36,14 +36,9 @@ def parse_args():
     p.add_argument("--strategy", default="auto", choices=["auto", "a2a", "direct"],
                    help="GPU plan (see above)")
     args = p.parse_args()
-    if args.tokens < 1:
-        p.error(f"--tokens must be >= 1 (got {args.tokens})")
-    if args.heads < 1:
-        p.error(f"--heads must be >= 1 (got {args.heads})")
-    if args.head_dim < 1:
-        p.error(f"--head-dim must be >= 1 (got {args.head_dim})")
-    if args.steps < 1:
-        p.error(f"--steps must be >= 1 (got {args.steps})")
+    for name in ("tokens", "heads", "head_dim", "steps"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
     ranks = MPI.COMM_WORLD.Get_size()
     if args.heads % ranks:
         p.error(f"--heads must be a multiple of the ranks (got {args.heads} heads for {ranks})")
