@@ -47,7 +47,7 @@ __all__ = ["BLOCK_LOADS", "BLOCK_ROWS", "FEW_WARPS", "FULL_BLOCK", "LANE_LOADS",
            "block_threads", "block_values", "block_warps", "by_blocks", "capped",
            "codec_functions", "combine_codec", "combine_kernel", "combine_launch",
            "combine_unroll", "combine_variants", "lane_weights", "row_accumulator",
-           "static_shards", "unpack_combine"]
+           "sliceable", "static_shards", "unpack_combine"]
 
 
 @functools.cache
@@ -312,12 +312,22 @@ def _combine_shape(elements, rows, shards):
     """``(group, unroll, slices)`` of the combine of ``rows`` rows of ``elements`` values
     (words in pairs) by the kernel for ``shards`` (:func:`static_shards`): each row
     split into ``slices`` along the grid's y (the kernel for exactly N,
-    :func:`combine_unroll`); or whole rows (``slices`` 0: the kernel for any N)."""
-    if not shards:
-        return lanes_per_row(elements), UNROLL, 0
-    unroll = combine_unroll(elements, rows, shards)
-    group, slices = _slicing(elements, unroll)
-    return group, unroll, slices
+    :func:`combine_unroll`); or whole rows (``slices`` 0: the kernel for any N), also
+    where the slices would be more than a grid's y holds (:func:`sliceable`)."""
+    if shards:
+        unroll = combine_unroll(elements, rows, shards)
+        group, slices = _slicing(elements, unroll)
+        if slices <= MAX_GRID_Z:
+            return group, unroll, slices
+    return lanes_per_row(elements), UNROLL, 0
+
+
+def sliceable(elements, shards):
+    """Whether the combine for exactly ``shards`` ranks can split rows of ``elements``
+    values (words in pairs) over a grid's y at every values a lane it may pick
+    (:func:`combine_unroll`): at most :data:`~._rows.MAX_GRID_Z` slices. Longer rows
+    (millions of values) go to the kernel for any N, which walks a row in steps."""
+    return all(_slicing(elements, unroll)[1] <= MAX_GRID_Z for unroll in _unrolls(shards))
 
 
 def block_threads(elements):
@@ -353,9 +363,13 @@ def combine_variants(elements, shards, signed=False):
     after its ``dtype`` and ``pairs``: whole rows, or for ``shards`` ranks built for
     their N one per :func:`combine_unroll` choice and, where a row fits a block's
     step, the one with a block a row (checking a plan's trailer where ``signed``)."""
+    any_n = (lanes_per_row(elements), 0, UNROLL)
     if not shards:
-        return [(_combine_shape(elements, 1, 0)[0], 0, UNROLL)]
-    found = [(_slicing(elements, unroll)[0], shards, unroll) for unroll in _unrolls(shards)]
+        return [any_n]
+    found = [(_slicing(elements, unroll)[0], shards, unroll) for unroll in _unrolls(shards)
+             if _slicing(elements, unroll)[1] <= MAX_GRID_Z]
+    if not sliceable(elements, shards):
+        found.append(any_n)
     if by_blocks(elements, 1, 1, shards):
         found.append((block_threads(elements), shards, block_values(elements), True,
                       bool(signed)))
@@ -438,6 +452,7 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None
         return kernel, (out.shape[1] + (signed is not None), out.shape[0], 1), \
             (threads + WARP * lse_warp, 1), args
     group, unroll, slices = _combine_shape(out.shape[2], rows, shards)
+    shards = shards if slices else 0
     warps = block_warps(_warps(out.shape[2], rows, unroll)) if slices else None
     grid, block = tile_grid(out.shape[1], out.shape[0], group, slices, warps)
     kernel = combine_kernel(dtype, codec in PAIRS, group, shards, unroll)

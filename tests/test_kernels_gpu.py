@@ -164,6 +164,19 @@ def test_combine_at_decode_shapes_matches_reference(cell, monkeypatch):
     check_combine(to_device, to_host, dtype, n, b, h // n, d, np.random.default_rng(b + n))
 
 
+@pytest.mark.parametrize("dtype, n, d", [("float32", 8, 1 << 23), ("bfloat16", 2, (1 << 25) + 512)],
+                         ids=["float32-N8-D8M", "bfloat16-N2-D32M"])
+def test_combine_of_rows_past_a_grid_of_slices_matches_reference(dtype, n, d):
+    """Rows so long that their slices would be more than a grid's y holds (65536 and
+    65537 of them) run the combine for any N, and agree with the reference,
+    adversarial values included: D of any size stays exact."""
+    from cupy_dcp.layout import as_dtype
+
+    to_device, to_host = cupy_io()
+    # three tokens: a row with NaN and +inf LSEs, a plain one, one empty everywhere
+    check_combine(to_device, to_host, as_dtype(dtype), n, 3, 1, d, np.random.default_rng(n))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", ["spread_e80", "near_3000", "head_major", "no_lse", "n5"])
 def test_combine_adversarial(dtype, case):

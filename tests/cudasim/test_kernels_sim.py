@@ -795,6 +795,96 @@ def test_combine_runs_a_block_a_row_only_where_it_fits():
     assert not by_blocks(64, 4096, 16384, 2)  # 2048 tokens of D = 128: split over warps
 
 
+def _fake(shape, dtype, at):
+    """A device array of ``shape`` at address ``at`` that is never touched: for launches
+    that are made and not run."""
+    from cupy_dcp.kernels._launch import DeviceArray
+    from cupy_dcp.layout import c_strides
+
+    dtype = np.dtype(dtype)
+    return DeviceArray(at, tuple(shape), c_strides(shape, dtype.itemsize), dtype, None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n, b, d", [(8, 1, 1 << 23), (2, 1, 1 << 26), (2, 1, (1 << 25) + 512),
+                                     (8, 1, (1 << 22) + 1), (2, 70000, 3), (8, 70000, 128)])
+def test_every_launch_of_a_huge_shape_fits_the_grid(dtype, n, b, d):
+    """Rows of millions of values and more tokens than a grid's y or z: the pack, the
+    combine (a plan's and a stand-alone one) and the AG+RS kernels launch within the
+    grid's limits (x below 2**31, y and z at most 65535), and the combine's kernel is
+    one that a plan of that head size builds (``combine_variants``); past a grid's y
+    of slices it is the combine for any N, which walks a row in steps."""
+    from cupy_dcp.kernels import combine
+    from cupy_dcp.kernels._arrays import dummy_index
+    from cupy_dcp.kernels.agrs import correct_launch, finish_launch
+    from cupy_dcp.kernels.pack import pack_launch
+    from cupy_dcp.layout import bits_dtype, lse_pack_dim
+
+    hn, width, bits = 1, d + lse_pack_dim(dtype), bits_dtype(dtype)
+    value = combine.combine_codec(dtype)[1]
+    at = iter(range(1 << 40, 1 << 60, 1 << 40))  # far apart: no two share memory
+    recv = _fake((n, b, hn, width), bits, next(at))
+    out, out_lse = _fake((b, hn, d), value, next(at)), _fake((b, hn), np.float32, next(at))
+    lses = _fake((n, b, n * hn), np.float32, next(at))
+    status, state = _fake((n * 64,), np.int64, next(at)), _fake((8,), np.int64, next(at))
+    pairs = np.dtype(dtype).itemsize == 2 and d % 2 == 0
+    elements = d // 2 if pairs else d
+    launches = {
+        "pack": pack_launch(_fake((b, n * hn, d), bits, next(at)),
+                            _fake((b, n * hn), np.uint32, next(at)), dummy_index(),
+                            dummy_index(), -1, _fake(recv.shape, bits, next(at)), recv, 0),
+        "combine": combine.combine_launch(dtype, recv, out, out_lse, True),
+        "signed combine": combine.combine_launch(dtype, recv, out, out_lse, True,
+                                                 (status, state)),
+        "agrs_correct": correct_launch(dtype, _fake((b, n * hn, d), value, next(at)), lses, 0,
+                                       True, _fake((n, b, hn, d), np.float32, next(at))),
+        "agrs_finish": finish_launch(dtype, _fake((b, hn, d), np.float32, next(at)), lses, 0,
+                                     True, out)}
+    for name, (kernel, grid, block, _) in launches.items():
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        assert grid[0] < 2 ** 31 and grid[1] <= 65535 and grid[2] <= 65535, (name, grid)
+    shards = combine.static_shards(n)
+    built = {id(combine.combine_kernel(dtype, pairs, *variant))
+             for signed in (False, True)
+             for variant in combine.combine_variants(elements, shards, signed)}
+    for name in ("combine", "signed combine"):
+        assert id(launches[name][0]) in built, name
+    # a long row splits into slices of a warp's combine_unroll values a lane each
+    slices = -(-elements // (32 * combine.combine_unroll(elements, b * hn, shards)))
+    any_n = combine.combine_kernel(dtype, pairs, combine.lanes_per_row(elements), 0,
+                                   combine.UNROLL)
+    assert (launches["combine"][0] is any_n) == (slices > 65535), slices
+    if slices > 65535:
+        assert not combine.sliceable(elements, shards)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [2, 8])
+def test_combine_past_a_grid_of_slices_is_the_combine_for_any_n(dtype, n, monkeypatch):
+    """Where a row's slices would be more than a grid's y holds, the combine launches
+    the kernel for any N on one plane and gives the bits of the combine split over the
+    grid, NaN, +-inf and empty shards included (the grid's limit lowered to 1 here:
+    the real one takes rows of millions of values, run on the GPU)."""
+    from cupy_dcp.kernels import combine
+    from cupy_dcp.reference import pack_reference
+
+    monkeypatch.setattr(combine, "by_blocks", lambda *shape: False)  # rows split over warps
+    rng = np.random.default_rng(n + 7)
+    b, hn, d = 3, 2, 150
+    x = rng.standard_normal((b, n * hn, d)).astype(np.float32)
+    x[0, 0, 1], x[1, 1, 2] = np.nan, np.inf
+    lse = rng.uniform(-30, 30, (b, n * hn)).astype(np.float32)
+    lse[0, 0], lse[2, :] = np.nan, -np.inf
+    recv = np.stack([pack_reference(x.astype(dtype), lse + r, n)[0] for r in range(n)])
+    grid, _, _, sliced = _combine_bits(dtype, recv)
+    assert grid[1] > 1  # D = 150: two or more slices
+    monkeypatch.setattr(combine, "MAX_GRID_Z", 1)
+    grid, _, args, whole = _combine_bits(dtype, recv)
+    assert grid[1] == 1 and len(args) == 8  # the kernel for any N takes no flat views
+    np.testing.assert_array_equal(sliced[0], whole[0])
+    np.testing.assert_array_equal(sliced[1], whole[1])
+
+
 def test_every_agrs_kernel_a_launch_picks_is_one_the_plan_built():
     """An AG+RS plan warms up its kernels (``_compile.agrs_tasks``): the correcting and
     finishing kernels that the launches pick, for rows shorter and longer than a
