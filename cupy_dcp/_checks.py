@@ -7,11 +7,11 @@ arrays they would cost a device-to-host synchronisation per call.
 
 import numpy as np
 
-from .kernels._format import check_count, check_flag, check_not_overlapping
+from .kernels._format import check_apart, check_count, check_flag, check_not_overlapping
 from .layout import as_dtype, check_heads, is_bfloat16, is_supported
 
-__all__ = ["check_count", "check_flag", "check_inputs", "check_lse_range", "check_mask",
-           "check_out", "lse_float32_dtype"]
+__all__ = ["check_apart", "check_count", "check_flag", "check_inputs", "check_lse_range",
+           "check_mask", "check_out", "lse_float32_dtype"]
 
 _INT64_MAX = np.iinfo(np.int64).max
 _FLOAT32_MAX = float(np.finfo(np.float32).max)

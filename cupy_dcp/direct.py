@@ -197,6 +197,7 @@ class DcpDirectPlan(_Plan):
 
     strategy = "direct"
     settings_type = DirectSettings
+    _writes_while_reading = True  # a block combines while others still push the partials
 
     def __init__(self, comm, max_tokens, num_heads, head_dim, dtype, return_lse=False,
                  is_lse_base_on_e=True, timeout=None, pdl=None, protocols=None):

@@ -87,6 +87,9 @@ class _Plan:
     settings_type = PlanSettings
     _closed = False
     _stages_words = True  # see _word_arrays (AG+RS reads 16-bit values one by one)
+    # Does one kernel write the results while its other blocks still read the inputs?
+    # Then a result that shares memory with an input is refused (``_checks.check_apart``)
+    _writes_while_reading = False
 
     def __init__(self, comm, max_tokens, num_heads, head_dim, dtype,
                  return_lse=False, is_lse_base_on_e=True, **options):
@@ -170,9 +173,12 @@ class _Plan:
             cp_attn_lse: ``[B, H]`` float device array (float32 is read in
                 place; other float dtypes are converted).
             out: optional ``[B, H/N, D]`` result array, any strides (no two
-                elements in the same memory: ``ValueError``).
+                elements in the same memory: ``ValueError``), in memory of its
+                own: a direct plan refuses one that shares a byte with an input
+                its kernel reads in place (``ValueError``).
             out_lse: optional ``[B, H/N]`` float32 array for the global LSE
-                (only for a plan with ``return_lse``: ``ValueError`` otherwise).
+                (only for a plan with ``return_lse``: ``ValueError`` otherwise),
+                in memory of its own as ``out`` is.
             seq_lens, query_start_loc: optional ``[S]``, ``[S+1]`` integer
                 device arrays marking empty and padding tokens (``S <=
                 max_tokens``).
@@ -264,6 +270,14 @@ class _Plan:
                                                                        "out_lse")
                 if out_lse is not None:
                     self._check_device(out_lse=lse_arr)
+                if self._writes_while_reading:  # the arrays the kernel itself reads and writes
+                    _checks.check_apart(
+                        dict(out=result_arr, out_lse=lse_arr),
+                        dict(cp_attn_out=x_bits, cp_attn_lse=lse,
+                             **({} if seq_lens is None else
+                                dict(seq_lens=mask[0], query_start_loc=mask[1]))),
+                        f"a {type(self).__name__} call writes its results while its "
+                        "kernel still reads the inputs (pass results in memory of their own)")
                 steps = self._run(B, x_bits, lse, mask, result_arr, lse_arr, ptr)
                 if copy_out is not None:
                     copy_out()

@@ -192,6 +192,51 @@ def check_not_overlapping(shape, strides, itemsize, name):
                          "overlapping axes would make the kernels' writes race")
 
 
+# why a kernel's output must not share memory with its inputs (check_apart's message)
+WRITES_WHILE_READING = "a kernel would write it while its other blocks still read the inputs"
+_OVERLAP_WORK = 1 << 16  # the most work NumPy may spend proving two views apart
+_TOO_HARD = getattr(np, "exceptions", np).TooHardError  # (NumPy < 1.25: np.TooHardError)
+
+
+def _address_views(a, b):
+    """NumPy arrays with the addresses, shapes and strides of device arrays ``a`` and
+    ``b`` (:class:`DeviceArray`), over one ctypes window spanning both: for
+    ``numpy.shares_memory``, which compares addresses and never reads an element."""
+    import ctypes
+
+    extents = (a.extent(), b.extent())
+    low, high = min(e[0] for e in extents), max(e[1] for e in extents)
+    window = (ctypes.c_char * (high - low)).from_address(low)
+    return tuple(np.ndarray(arr.shape, np.dtype(f"V{arr.dtype.itemsize}"), window,
+                            arr.ptr - low, arr.strides) for arr in (a, b))
+
+
+def check_apart(written, read, why):
+    """``ValueError`` where an array a call writes (``written``: ``{name: DeviceArray}``,
+    ``None`` values skipped) shares a byte with one it reads (``read``, alike). Views
+    whose extents (:meth:`DeviceArray.extent`) do not cross are apart; where they
+    cross, NumPy's exact test judges (two interleaved views of one buffer whose
+    elements never meet are apart), and a case too hard for it counts as sharing.
+    ``why`` ends the message."""
+    for out_name, out in written.items():
+        if out is None:
+            continue
+        low, high = out.extent()
+        for in_name, arr in read.items():
+            if arr is None:
+                continue
+            first, end = arr.extent()
+            if not (low < end and first < high):
+                continue
+            try:
+                shared = np.shares_memory(*_address_views(out, arr), max_work=_OVERLAP_WORK)
+            except _TOO_HARD:
+                shared = True
+            if shared:
+                raise ValueError(f"{out_name} shares memory with {in_name} (within bytes "
+                                 f"{max(low, first):#x} to {min(high, end):#x}): {why}")
+
+
 def c_strides(shape, itemsize):
     """Byte strides of a C-contiguous array of ``shape``."""
     strides, step = [], itemsize

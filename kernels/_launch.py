@@ -75,6 +75,20 @@ class DeviceArray:
             n *= extent
         return n
 
+    def extent(self):
+        """``(first, end)``: the bytes from this array's lowest element to past its
+        highest, any strides (negative ones too); ``(ptr, ptr)`` where it is empty."""
+        if not self.size:
+            return self.ptr, self.ptr
+        low = high = self.ptr
+        for count, stride in zip(self.shape, self.strides):
+            reach = (count - 1) * stride
+            if reach < 0:
+                low += reach
+            else:
+                high += reach
+        return low, high + self.dtype.itemsize
+
     def flat(self):
         """This C-contiguous array seen as one axis of all its elements."""
         return DeviceArray(self.ptr, (self.size,), (self.dtype.itemsize,), self.dtype, self.owner)

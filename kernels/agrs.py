@@ -36,7 +36,8 @@ import numpy as np
 from numba import cuda, float32
 from numba.core import types
 
-from ._format import as_dtype, check_flag, check_heads, check_rank
+from ._format import (WRITES_WHILE_READING, as_dtype, check_apart, check_flag, check_heads,
+                      check_rank)
 from ._arrays import kernel_array, output_array, stream_ptr
 from ._device import device_functions, inline_device, row_weights_of
 from ._launch import DeviceArray, SpecializedKernel, array_type
@@ -520,7 +521,8 @@ def agrs_correct(data, lses, self_rank, corrected, is_lse_base_on_e=True, stream
         data: ``[B, H, D]`` float16, bfloat16 or float32 device array, any strides.
         lses: ``[N, B, H]`` float32 device array, C-contiguous: every rank's LSEs.
         self_rank: this rank's index in ``lses`` (an integer in ``[0, N)``).
-        corrected: ``[N, B, H/N, D]`` float32 device array, C-contiguous; written.
+        corrected: ``[N, B, H/N, D]`` float32 device array, C-contiguous; written;
+            it shares no byte with ``data`` or ``lses`` (``ValueError``).
         stream: the stream to run on; ``None`` is CuPy's current stream.
     """
     dtype = as_dtype(data.dtype)
@@ -532,9 +534,12 @@ def agrs_correct(data, lses, self_rank, corrected, is_lse_base_on_e=True, stream
     check_heads(int(data.shape[1]), int(lses.shape[0]))
     self_rank = check_rank(self_rank, int(lses.shape[0]))
     is_lse_base_on_e = check_flag(is_lse_base_on_e, "is_lse_base_on_e")
-    kernel, grid, block, args = correct_launch(
-        dtype, kernel_array(data, value, "data"), kernel_array(lses, np.float32, "lses"),
-        self_rank, is_lse_base_on_e, output_array(corrected, np.float32, "corrected"))
+    data_arr, lses_arr = kernel_array(data, value, "data"), kernel_array(lses, np.float32, "lses")
+    corrected_arr = output_array(corrected, np.float32, "corrected")
+    check_apart(dict(corrected=corrected_arr), dict(data=data_arr, lses=lses_arr),
+                WRITES_WHILE_READING)
+    kernel, grid, block, args = correct_launch(dtype, data_arr, lses_arr, self_rank,
+                                               is_lse_base_on_e, corrected_arr)
     if data.shape[0]:
         kernel(grid, block, stream_ptr(stream), args)
 
@@ -543,7 +548,8 @@ def agrs_finish(summed, lses, self_rank, out, out_lse=None, is_lse_base_on_e=Tru
     """Round the reduce-scattered sums ``summed [B, H/N, D]`` (float32) into ``out``
     (``[B, H/N, D]``, any strides whose elements do not share memory) and the global
     LSE of this rank's heads into ``out_lse [B, H/N]`` (float32), from every rank's
-    ``lses [N, B, H]``. A C-contiguous ``out`` takes the flat kernel
+    ``lses [N, B, H]``; neither output shares a byte with ``summed`` or ``lses``
+    (``ValueError``). A C-contiguous ``out`` takes the flat kernel
     (:func:`finishes_flat`), the same bits faster."""
     dtype = as_dtype(out.dtype)
     _, value = combine_codec(dtype)
@@ -553,8 +559,12 @@ def agrs_finish(summed, lses, self_rank, out, out_lse=None, is_lse_base_on_e=Tru
     self_rank = check_rank(self_rank, int(lses.shape[0]))
     is_lse_base_on_e = check_flag(is_lse_base_on_e, "is_lse_base_on_e")
     lse_arr = None if out_lse is None else output_array(out_lse, np.float32, "out_lse")
-    kernel, grid, block, args = finish_launch(
-        dtype, kernel_array(summed, np.float32, "summed"), kernel_array(lses, np.float32, "lses"),
-        self_rank, is_lse_base_on_e, output_array(out, value, "out"), lse_arr)
+    summed_arr, lses_arr = kernel_array(summed, np.float32, "summed"), \
+        kernel_array(lses, np.float32, "lses")
+    out_arr = output_array(out, value, "out")
+    check_apart(dict(out=out_arr, out_lse=lse_arr), dict(summed=summed_arr, lses=lses_arr),
+                WRITES_WHILE_READING)
+    kernel, grid, block, args = finish_launch(dtype, summed_arr, lses_arr, self_rank,
+                                              is_lse_base_on_e, out_arr, lse_arr)
     if summed.shape[0]:
         kernel(grid, block, stream_ptr(stream), args)

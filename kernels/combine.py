@@ -37,7 +37,7 @@ from ._launch import DeviceArray, SpecializedKernel, array_type
 from ._blocks import BLOCK_THREADS, blocks_kernel
 from ._rows import MAX_GRID_Z, MAX_REGISTERS, UNROLL, WARP, lanes_per_row, tile_cursor, tile_grid
 from ._slices import slices_kernel
-from ._format import check_flag
+from ._format import WRITES_WHILE_READING, check_apart, check_flag
 from ._specs import check_combine_args
 from ._trailer import WORDS, combine_checks
 
@@ -390,6 +390,8 @@ def unpack_combine(recv, out, out_lse=None, is_lse_base_on_e=True, stream=None):
             global LSE (-inf where every shard is empty).
         is_lse_base_on_e: natural-log LSEs; ``False`` for base 2.
         stream: the stream to run on; ``None`` is CuPy's current stream.
+
+    ``out`` and ``out_lse`` share no byte with ``recv`` (``ValueError``).
     """
     spec = check_combine_args(recv, out, out_lse)
     is_lse_base_on_e = check_flag(is_lse_base_on_e, "is_lse_base_on_e")
@@ -397,9 +399,11 @@ def unpack_combine(recv, out, out_lse=None, is_lse_base_on_e=True, stream=None):
         return
     _, value = combine_codec(spec.dtype)
     lse_arr = None if out_lse is None else output_array(out_lse, np.float32, "out_lse")
-    kernel, grid, block, args = combine_launch(
-        spec.dtype, kernel_array(recv, spec.bits, "recv"), output_array(out, value, "out"),
-        lse_arr, is_lse_base_on_e)
+    recv_arr, out_arr = kernel_array(recv, spec.bits, "recv"), output_array(out, value, "out")
+    check_apart(dict(out=out_arr, out_lse=lse_arr), dict(recv=recv_arr),
+                WRITES_WHILE_READING)
+    kernel, grid, block, args = combine_launch(spec.dtype, recv_arr, out_arr, lse_arr,
+                                               is_lse_base_on_e)
     kernel(grid, block, stream_ptr(stream), args)
 
 

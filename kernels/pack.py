@@ -27,7 +27,8 @@ from numba.core import types
 
 from ._arrays import dummy_index, kernel_array, output_array, stream_ptr
 from ._device import device_functions
-from ._format import LSE_HALF_BITS, LSE_HALF_MASK, check_rank
+from ._format import (LSE_HALF_BITS, LSE_HALF_MASK, WRITES_WHILE_READING, check_apart,
+                      check_rank)
 from ._launch import SpecializedKernel, array_type
 from ._math import NEG_INF_BITS
 from ._pack_tokens import by_tokens, signs_ahead, tokens_kernel
@@ -492,7 +493,9 @@ def pack_send(out, lse, send, stream=None, seq_lens=None, query_start_loc=None,
             is first converted on ``stream`` into a temporary, which needs CuPy:
             to capture a call in a CUDA graph, pass float32, or use a plan).
         send: ``[N, B, H/N, D + P]`` device array of ``out``'s dtype (or its
-            unsigned-integer twin), C-contiguous; written.
+            unsigned-integer twin), C-contiguous; written. It and ``recv``
+            share no byte with ``out``, nor with ``lse`` and the masks where
+            the kernel reads them in place (``ValueError``).
         recv, self_rank: optional receive buffer shaped like ``send``
             (C-contiguous) and this rank's index: chunk ``self_rank`` is written
             straight to ``recv[self_rank]`` (it never needs to cross the
@@ -526,9 +529,13 @@ def pack_send(out, lse, send, stream=None, seq_lens=None, query_start_loc=None,
         num_seqs = int(seq_lens.shape[0])
     send_arr = output_array(send, spec.bits, "send")
     recv_arr = send_arr if recv is None else output_array(recv, spec.bits, "recv")
-    kernel, grid, block, args = pack_launch(
-        kernel_array(out, spec.bits, "out"), kernel_array(lse, np.uint32, "lse"),
-        seq_arr, qsl_arr, num_seqs, send_arr, recv_arr, self_rank)
+    out_arr, lse_arr = kernel_array(out, spec.bits, "out"), kernel_array(lse, np.uint32, "lse")
+    check_apart(dict(send=send_arr, recv=None if recv is None else recv_arr),
+                dict(out=out_arr, lse=lse_arr, **({} if seq_lens is None else
+                                                 dict(seq_lens=seq_arr, query_start_loc=qsl_arr))),
+                WRITES_WHILE_READING)
+    kernel, grid, block, args = pack_launch(out_arr, lse_arr, seq_arr, qsl_arr, num_seqs,
+                                            send_arr, recv_arr, self_rank)
     kernel(grid, block, ptr, args)
 
 

@@ -49,6 +49,8 @@ def exact(world, comm):
                 built = kernel_counts()  # a call builds no kernel: the plan built them all
                 if D == 72 and np.dtype(dtype).itemsize == 2:
                     staged_capture_refused(world, plan, dtype, D)
+                if D == 512:  # rows the kernel reads and writes in place (16-bit: words)
+                    overlap_refused(world, plan, dtype, D)
                 for masked, head_major, tokens in ((False, False, B), (True, True, B),
                                                    (True, False, B - 2), (False, True, 1)):
                     case += 1
@@ -117,6 +119,25 @@ def staged_capture_refused(world, plan, dtype, D):
         message = str(exc)
     stream.end_capture()
     assert message is not None and "before the capture" in message, message
+
+
+def overlap_refused(world, plan, dtype, D):
+    """A result in the partials' memory (``out`` a view of ``cp_attn_out``'s first
+    heads, ``out_lse`` one of ``cp_attn_lse``'s) would be written while the kernel still
+    pushes them: every rank raises ``ValueError`` before it launches anything, so no
+    peer waits, and the plan's next calls are exact (the cases that follow)."""
+    import cupy
+    x, lse = rank_inputs(world.Get_rank(), 901, dtype, D, HN * world.Get_size())
+    xd, ld = cupy.asarray(x), cupy.asarray(lse)
+    for kw, names in ((dict(out=xd[:, :HN]), "out shares memory with cp_attn_out"),
+                      (dict(out_lse=ld[:, :HN]), "out_lse shares memory with cp_attn_lse")):
+        try:
+            plan(xd, ld, **kw)
+            message = None
+        except ValueError as exc:
+            message = str(exc)
+        assert message is not None and names in message, message
+    plan.synchronize()
 
 
 _COUNT_DIFF = None

@@ -2,6 +2,7 @@
 by, and how launches and exchanges become steps of a call."""
 
 import numpy as np
+import pytest
 
 from cupy_dcp.kernels._launch import DeviceArray, SpecializedKernel
 from cupy_dcp.layout import c_strides
@@ -109,3 +110,55 @@ def test_a_remembered_call_is_keyed_by_every_array_it_was_checked_with(monkeypat
     # another kind of array (a Numba array, a DLPack capsule's owner): never remembered
     assert key(x=np.zeros((2, 4, 8), np.uint16)) is None
     assert key(out=np.zeros((2, 2, 8), np.uint16)) is None
+
+
+def test_an_extent_reaches_from_the_lowest_element_to_past_the_highest():
+    assert arr((2, 4, 8)).extent() == (1 << 20, (1 << 20) + 2 * 4 * 8 * 2)
+    head_major = arr((2, 2, 8), strides=(16, 32, 2))  # [H/N, B, D] storage
+    assert head_major.extent() == (1 << 20, (1 << 20) + 64)
+    flipped = arr((3, 4), np.float32, ptr=1000, strides=(-16, 4))  # rows in reverse
+    assert flipped.extent() == (1000 - 32, 1000 + 16)
+    assert arr((0, 4)).extent() == (1 << 20, 1 << 20)  # empty: no bytes
+
+
+def test_results_that_cross_an_input_are_refused_by_name():
+    from cupy_dcp._checks import check_apart
+
+    x = arr((4, 8, 16))  # 1024 bytes from 1 MiB
+    lse = arr((4, 8), np.float32, 2 << 20)
+    why = "the kernel writes while it reads"
+    check_apart(dict(out=arr((4, 4, 16), ptr=3 << 20), out_lse=None),
+                dict(cp_attn_out=x, cp_attn_lse=lse), why)  # apart: nothing raised
+    check_apart(dict(out=arr((4, 4, 16), ptr=(1 << 20) + 1024)), dict(cp_attn_out=x), why)
+    crossing = [(dict(out=arr((4, 4, 16), ptr=(1 << 20) + 512)), "out", "cp_attn_out"),
+                (dict(out=arr((4, 4, 16), ptr=(1 << 20) - 511)), "out", "cp_attn_out"),
+                (dict(out=None, out_lse=arr((4, 4), np.float32, (2 << 20) + 124)), "out_lse",
+                 "cp_attn_lse"),
+                (dict(out=arr((4, 4, 16), strides=(256, 32, 2))), "out", "cp_attn_out")]
+    for written, out_name, in_name in crossing:
+        with pytest.raises(ValueError, match=f"{out_name} shares memory with {in_name}.*"
+                                             f"{why}"):
+            check_apart(written, dict(cp_attn_out=x, cp_attn_lse=lse), why)
+    # an empty result writes nothing, so it crosses nothing
+    check_apart(dict(out=arr((0, 4, 16))), dict(cp_attn_out=x), why)
+
+
+def test_interleaved_results_apart_from_the_inputs_pass():
+    """Extents that cross with no byte in common (the partials and the result side by
+    side in each token's row of one buffer, or every other element) are apart; a
+    result on a byte of the partials is not."""
+    from cupy_dcp._checks import check_apart
+
+    # one [B, H + H/N, D] buffer: the partials its first H heads, the result the rest
+    row = (8 + 4) * 16 * 2
+    x = arr((4, 8, 16), strides=(row, 32, 2))
+    out = arr((4, 4, 16), ptr=(1 << 20) + 8 * 32, strides=(row, 32, 2))
+    check_apart(dict(out=out), dict(cp_attn_out=x), "why")
+    evens = arr((4, 8, 8), strides=(512, 64, 4))  # every other element of [4, 8, 16]
+    odds = arr((4, 8, 8), ptr=(1 << 20) + 2, strides=(512, 64, 4))
+    check_apart(dict(out=odds), dict(cp_attn_out=evens), "why")
+    one_byte_in = arr((4, 4, 16), ptr=(1 << 20) + 8 * 32 - 1, strides=(row, 32, 2))
+    with pytest.raises(ValueError, match="out shares memory with cp_attn_out"):
+        check_apart(dict(out=one_byte_in), dict(cp_attn_out=x), "why")
+    with pytest.raises(ValueError, match="out shares memory with cp_attn_out"):
+        check_apart(dict(out=evens), dict(cp_attn_out=evens), "why")

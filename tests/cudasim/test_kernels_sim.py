@@ -885,6 +885,44 @@ def test_combine_past_a_grid_of_slices_is_the_combine_for_any_n(dtype, n, monkey
     np.testing.assert_array_equal(sliced[1], whole[1])
 
 
+def test_stand_alone_kernels_refuse_outputs_on_their_inputs():
+    """``pack_send``, ``unpack_combine``, ``agrs_correct`` and ``agrs_finish`` refuse an
+    output that shares memory with an input (one kernel writes it while its other
+    blocks still read), naming both, before they launch; outputs in the same buffer
+    but apart from the inputs run."""
+    from cupy_dcp.kernels import agrs_correct, agrs_finish, pack_send, unpack_combine
+
+    n, b, h, d = 2, 2, 4, 8
+    f32 = np.float32
+    buf = np.zeros(1024, f32)
+    x, lse = buf[:64].reshape(b, h, d), buf[64:72].reshape(b, h)
+    x[...] = np.random.default_rng(5).standard_normal(x.shape)
+    lse[:] = 1.0  # every weight 1/2: the sums are exact
+    refused = [
+        ("send shares memory with out", lambda: pack_send(
+            x, lse, buf[32:104].reshape(n, b, h // n, d + 1))),
+        ("send shares memory with lse", lambda: pack_send(
+            x, lse, buf[70:142].reshape(n, b, h // n, d + 1))),
+        ("out shares memory with recv", lambda: unpack_combine(
+            buf[:72].reshape(n, b, h // n, d + 1), buf[40:72].reshape(b, h // n, d))),
+        ("out_lse shares memory with recv", lambda: unpack_combine(
+            buf[:72].reshape(n, b, h // n, d + 1), buf[200:232].reshape(b, h // n, d),
+            buf[71:75].reshape(b, h // n))),
+        ("corrected shares memory with data", lambda: agrs_correct(
+            x, buf[300:316].reshape(n, b, h), 0, buf[:64].reshape(n, b, h // n, d))),
+        ("out_lse shares memory with lses", lambda: agrs_finish(
+            buf[400:432].reshape(b, h // n, d), buf[300:316].reshape(n, b, h), 0,
+            buf[500:532].reshape(b, h // n, d), buf[314:318].reshape(b, h // n)))]
+    for message, call in refused:
+        with pytest.raises(ValueError, match=message):
+            call()
+    send = buf[128:200].reshape(n, b, h // n, d + 1)  # apart: the kernels run
+    pack_send(x, lse, send)
+    out = buf[200:232].reshape(b, h // n, d)
+    unpack_combine(send, out, buf[232:236].reshape(b, h // n))
+    np.testing.assert_array_equal(out, x.reshape(b, n, h // n, d).sum(axis=1) / n)
+
+
 def test_every_agrs_kernel_a_launch_picks_is_one_the_plan_built():
     """An AG+RS plan warms up its kernels (``_compile.agrs_tasks``): the correcting and
     finishing kernels that the launches pick, for rows shorter and longer than a
