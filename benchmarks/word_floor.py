@@ -28,7 +28,7 @@ import functools
 import numpy as np
 from numba import cuda
 
-from exact_cost import arguments
+from exact_cost import arguments, floor_launches
 
 DTYPES = ("bfloat16", "float16", "float32")
 CELLS = [(dt, n, B, H, D) for dt in DTYPES for n in (2, 4, 8)
@@ -89,10 +89,8 @@ def main():
 
     import cupy
 
-    from cupy_dcp._floors import copy_kernel, empty_kernel, in_flight, quad_words
-    from cupy_dcp._kernel_bench import (_case_kernels, _interleaved_us, copy_bandwidth,
-                                        floor_blocks)
-    from cupy_dcp.kernels._arrays import kernel_array
+    from cupy_dcp._floors import in_flight
+    from cupy_dcp._kernel_bench import _case_kernels, _interleaved_us, copy_bandwidth
 
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
@@ -107,17 +105,12 @@ def main():
                 if name not in kernels:
                     continue
                 _, grid, block, _ = launch
-                src = cupy.zeros(quad_words(nread), dtype=cupy.uint32)
-                dst = cupy.empty(quad_words(nwritten), dtype=cupy.uint32)
-                floor_args = (kernel_array(src, np.uint32), kernel_array(dst, np.uint32))
-                flight = in_flight(nread, nwritten)
-                blocks = floor_blocks(grid)
+                floors = floor_launches(cupy, nread, nwritten, grid, block)
+                _, blocks, _, floor_args = floors["copy"]  # the words move the same buffers
+                words = (word_copy(in_flight(nread, nwritten)), blocks, block, floor_args)
                 us = _interleaved_us(cupy, stream, {
-                    "kernel": launch,
-                    "empty": (empty_kernel(), blocks, block, floor_args),
-                    "quads": (copy_kernel(flight), blocks, block, floor_args),
-                    "words": (word_copy(flight), blocks, block, floor_args)},
-                    args.rounds, args.calls, args.reps)
+                    "kernel": launch, "empty": floors["empty"], "quads": floors["copy"],
+                    "words": words}, args.rounds, args.calls, args.reps)
                 pct = {k: 100 * (nread + nwritten) / us[k] / 1e3 / vector_gbs
                        for k in ("quads", "words", "kernel")}
                 dtype_name, n, B, H, D = cell

@@ -257,9 +257,9 @@ class _Plan:
                                                                             "out")
                 lse, mask, in_place = self._stage_inputs(B, cp_attn_lse, seq_lens,
                                                          query_start_loc, ptr)
-                self._check_device(cp_attn_out=x_bits, cp_attn_lse=lse, out=result_arr,
-                                   **({} if seq_lens is None else
-                                      dict(seq_lens=mask[0], query_start_loc=mask[1])))
+                masks = {} if seq_lens is None else dict(seq_lens=mask[0],
+                                                         query_start_loc=mask[1])
+                self._check_device(cp_attn_out=x_bits, cp_attn_lse=lse, out=result_arr, **masks)
                 copy_out = None
                 if self._words:
                     given = x_bits
@@ -273,9 +273,7 @@ class _Plan:
                 if self._writes_while_reading:  # the arrays the kernel itself reads and writes
                     _checks.check_apart(
                         dict(out=result_arr, out_lse=lse_arr),
-                        dict(cp_attn_out=x_bits, cp_attn_lse=lse,
-                             **({} if seq_lens is None else
-                                dict(seq_lens=mask[0], query_start_loc=mask[1]))),
+                        dict(cp_attn_out=x_bits, cp_attn_lse=lse, **masks),
                         f"a {type(self).__name__} call writes its results while its "
                         "kernel still reads the inputs (pass results in memory of their own)")
                 steps = self._run(B, x_bits, lse, mask, result_arr, lse_arr, ptr)

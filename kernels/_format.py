@@ -198,14 +198,13 @@ _OVERLAP_WORK = 1 << 16  # the most work NumPy may spend proving two views apart
 _TOO_HARD = getattr(np, "exceptions", np).TooHardError  # (NumPy < 1.25: np.TooHardError)
 
 
-def _address_views(a, b):
+def _address_views(a, b, low, high):
     """NumPy arrays with the addresses, shapes and strides of device arrays ``a`` and
-    ``b`` (:class:`DeviceArray`), over one ctypes window spanning both: for
-    ``numpy.shares_memory``, which compares addresses and never reads an element."""
+    ``b`` (:class:`DeviceArray`), over one ctypes window of bytes ``low`` to ``high``
+    that spans both: for ``numpy.shares_memory``, which compares addresses and never
+    reads an element."""
     import ctypes
 
-    extents = (a.extent(), b.extent())
-    low, high = min(e[0] for e in extents), max(e[1] for e in extents)
     window = (ctypes.c_char * (high - low)).from_address(low)
     return tuple(np.ndarray(arr.shape, np.dtype(f"V{arr.dtype.itemsize}"), window,
                             arr.ptr - low, arr.strides) for arr in (a, b))
@@ -229,7 +228,8 @@ def check_apart(written, read, why):
             if not (low < end and first < high):
                 continue
             try:
-                shared = np.shares_memory(*_address_views(out, arr), max_work=_OVERLAP_WORK)
+                views = _address_views(out, arr, min(low, first), max(high, end))
+                shared = np.shares_memory(*views, max_work=_OVERLAP_WORK)
             except _TOO_HARD:
                 shared = True
             if shared:

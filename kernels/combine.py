@@ -47,7 +47,7 @@ __all__ = ["BLOCK_LOADS", "BLOCK_ROWS", "FEW_WARPS", "FULL_BLOCK", "LANE_LOADS",
            "block_threads", "block_values", "block_warps", "by_blocks", "capped",
            "codec_functions", "combine_codec", "combine_kernel", "combine_launch",
            "combine_unroll", "combine_variants", "lane_weights", "row_accumulator",
-           "sliceable", "static_shards", "unpack_combine"]
+           "static_shards", "unpack_combine"]
 
 
 @functools.cache
@@ -313,21 +313,14 @@ def _combine_shape(elements, rows, shards):
     (words in pairs) by the kernel for ``shards`` (:func:`static_shards`): each row
     split into ``slices`` along the grid's y (the kernel for exactly N,
     :func:`combine_unroll`); or whole rows (``slices`` 0: the kernel for any N), also
-    where the slices would be more than a grid's y holds (:func:`sliceable`)."""
+    where the slices would be more than a grid's y holds (rows of millions of values:
+    the kernel for any N walks a row in steps)."""
     if shards:
         unroll = combine_unroll(elements, rows, shards)
         group, slices = _slicing(elements, unroll)
         if slices <= MAX_GRID_Z:
             return group, unroll, slices
     return lanes_per_row(elements), UNROLL, 0
-
-
-def sliceable(elements, shards):
-    """Whether the combine for exactly ``shards`` ranks can split rows of ``elements``
-    values (words in pairs) over a grid's y at every values a lane it may pick
-    (:func:`combine_unroll`): at most :data:`~._rows.MAX_GRID_Z` slices. Longer rows
-    (millions of values) go to the kernel for any N, which walks a row in steps."""
-    return all(_slicing(elements, unroll)[1] <= MAX_GRID_Z for unroll in _unrolls(shards))
 
 
 def block_threads(elements):
@@ -362,13 +355,17 @@ def combine_variants(elements, shards, signed=False):
     can launch (:func:`combine_launch`), as the arguments of :func:`combine_kernel`
     after its ``dtype`` and ``pairs``: whole rows, or for ``shards`` ranks built for
     their N one per :func:`combine_unroll` choice and, where a row fits a block's
-    step, the one with a block a row (checking a plan's trailer where ``signed``)."""
+    step, the one with a block a row (checking a plan's trailer where ``signed``); the
+    one for any N also where a choice would split rows into more slices than a grid's
+    y holds (:func:`_combine_shape`)."""
     any_n = (lanes_per_row(elements), 0, UNROLL)
     if not shards:
         return [any_n]
-    found = [(_slicing(elements, unroll)[0], shards, unroll) for unroll in _unrolls(shards)
-             if _slicing(elements, unroll)[1] <= MAX_GRID_Z]
-    if not sliceable(elements, shards):
+    unrolls = _unrolls(shards)
+    slicings = [(unroll, *_slicing(elements, unroll)) for unroll in unrolls]
+    found = [(group, shards, unroll) for unroll, group, slices in slicings
+             if slices <= MAX_GRID_Z]
+    if len(found) < len(unrolls):
         found.append(any_n)
     if by_blocks(elements, 1, 1, shards):
         found.append((block_threads(elements), shards, block_values(elements), True,

@@ -15,7 +15,8 @@ import ml_dtypes
 import numpy as np
 
 __all__ = ["run_bounded", "run_worker", "worker_results", "job_results", "assert_lse_close", "assert_output_close", "check_rank_result", "mpiexec_command", "mpiexec_env",
-           "random_rank_inputs", "row_mask", "row_scale", "ulp", "host_bf16_rounding"]
+           "random_rank_inputs", "row_mask", "row_scale", "ulp", "host_bf16_rounding",
+           "device_array"]
 
 LSE_RTOL = 1e-5
 LSE_ATOL = 1e-6
@@ -257,3 +258,14 @@ def skip_without_toolchain(reason):
     if os.environ.get("CUPY_DCP_TOOLCHAIN") == "1":
         pytest.fail(f"CUPY_DCP_TOOLCHAIN=1, yet: {reason}")
     pytest.skip(reason)
+
+
+def device_array(shape, dtype=np.uint16, ptr=1 << 20, strides=None):
+    """A ``DeviceArray`` of ``shape`` at address ``ptr`` (C-contiguous unless ``strides``,
+    in bytes), never touched: for launches and checks that are made, not run."""
+    from cupy_dcp.kernels._launch import DeviceArray
+    from cupy_dcp.layout import c_strides
+
+    dtype = np.dtype(dtype)
+    return DeviceArray(ptr, tuple(shape), strides or c_strides(shape, dtype.itemsize), dtype,
+                       None)

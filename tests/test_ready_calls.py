@@ -4,15 +4,14 @@ by, and how launches and exchanges become steps of a call."""
 import numpy as np
 import pytest
 
-from cupy_dcp.kernels._launch import DeviceArray, SpecializedKernel
+from _helpers import device_array
+from cupy_dcp.kernels._launch import SpecializedKernel
 from cupy_dcp.layout import c_strides
 from cupy_dcp import plan
 from cupy_dcp.plan import _ready_key, _ready_steps
 
 
-def arr(shape, dtype=np.uint16, ptr=1 << 20, strides=None):
-    dtype = np.dtype(dtype)
-    return DeviceArray(ptr, shape, strides or c_strides(shape, dtype.itemsize), dtype, None)
+arr = device_array
 
 
 def call(**change):
