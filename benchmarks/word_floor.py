@@ -33,6 +33,7 @@ from exact_cost import arguments, floor_launches
 
 DTYPES = ("bfloat16", "float16", "float32")
 BATCHES = (512, 2048)  # the default --batches: the 85 % cells
+KERNELS = ("pack", "pack_masked", "combine", "agrs_correct", "agrs_finish")
 
 
 def cells_of(batches):
@@ -40,7 +41,6 @@ def cells_of(batches):
     (``--cells`` indexes this list)."""
     return [(dt, n, B, H, D) for dt in DTYPES for n in (2, 4, 8)
             for H, D in ((32, 128), (64, 128), (128, 512)) for B in batches]
-KERNELS = ("pack", "pack_masked", "combine", "agrs_correct", "agrs_finish")
 
 
 @functools.cache
@@ -85,19 +85,17 @@ def main():
     import argparse
     import sys
 
+    from cupy_dcp.bench import _ints
+
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument("--kernels", default=",".join(KERNELS))
-    extra.add_argument("--batches", default=",".join(map(str, BATCHES)),
+    extra.add_argument("--batches", type=_ints, default=list(BATCHES),
                        help="comma list of B (the cells' token counts)")
     known, rest = extra.parse_known_args()
     sys.argv = sys.argv[:1] + rest
-    try:
-        batches = [int(b) for b in known.batches.split(",") if b]
-    except ValueError:
-        batches = []
-    if not batches or min(batches) < 1:
+    if not known.batches or min(known.batches) < 1:
         raise SystemExit("--batches must be a comma list of positive token counts")
-    args, cells = arguments(__doc__.splitlines()[0], cells_of(batches))
+    args, cells = arguments(__doc__.splitlines()[0], cells_of(known.batches))
     kernels = [k for k in known.kernels.split(",") if k]
     if not kernels or any(k not in KERNELS for k in kernels):
         raise SystemExit(f"--kernels must be a comma list of {', '.join(KERNELS)}")
