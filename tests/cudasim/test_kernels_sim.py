@@ -815,9 +815,11 @@ def test_every_launch_of_a_huge_shape_fits_the_grid(dtype, n, b, d):
     value = combine.combine_codec(dtype)[1]
     at = iter(range(1 << 40, 1 << 60, 1 << 40))  # far apart: no two share memory
     recv = device_array((n, b, hn, width), bits, next(at))
-    out, out_lse = device_array((b, hn, d), value, next(at)), device_array((b, hn), np.float32, next(at))
+    out = device_array((b, hn, d), value, next(at))
+    out_lse = device_array((b, hn), np.float32, next(at))
     lses = device_array((n, b, n * hn), np.float32, next(at))
-    status, state = device_array((n * 64,), np.int64, next(at)), device_array((8,), np.int64, next(at))
+    status = device_array((n * 64,), np.int64, next(at))
+    state = device_array((8,), np.int64, next(at))
     pairs = np.dtype(dtype).itemsize == 2 and d % 2 == 0
     elements = d // 2 if pairs else d
     launches = {
@@ -827,10 +829,11 @@ def test_every_launch_of_a_huge_shape_fits_the_grid(dtype, n, b, d):
         "combine": combine.combine_launch(dtype, recv, out, out_lse, True),
         "signed combine": combine.combine_launch(dtype, recv, out, out_lse, True,
                                                  (status, state)),
-        "agrs_correct": correct_launch(dtype, device_array((b, n * hn, d), value, next(at)), lses, 0,
-                                       True, device_array((n, b, hn, d), np.float32, next(at))),
-        "agrs_finish": finish_launch(dtype, device_array((b, hn, d), np.float32, next(at)), lses, 0,
-                                     True, out)}
+        "agrs_correct": correct_launch(dtype, device_array((b, n * hn, d), value, next(at)),
+                                       lses, 0, True,
+                                       device_array((n, b, hn, d), np.float32, next(at))),
+        "agrs_finish": finish_launch(dtype, device_array((b, hn, d), np.float32, next(at)),
+                                     lses, 0, True, out)}
     for name, (kernel, grid, block, _) in launches.items():
         grid = tuple(grid) + (1,) * (3 - len(grid))
         assert grid[0] < 2 ** 31 and grid[1] <= 65535 and grid[2] <= 65535, (name, grid)
