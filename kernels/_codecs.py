@@ -32,7 +32,7 @@ def codec_functions(codec):
     """Device functions that decode the low and high value of a loaded word, encode
     one output word from two accumulators, and read one shard's LSE."""
     f = device_functions()
-    as_float, as_bits = f["as_float"], f["as_bits"]
+    as_float = f["as_float"]
     bf16_to_f32_bits, pack_bf16x2 = f["bf16_to_f32_bits"], f["pack_bf16x2"]
     pack_f16x2, f16_low, f16_high = f["pack_f16x2"], f["f16_low"], f["f16_high"]
     low16, high16, sixteen = np.uint32(0xFFFF), np.uint32(0xFFFF0000), np.uint32(16)

@@ -118,8 +118,6 @@ class _FakeDriver:
 def _driver_kernel(monkeypatch, dependent, function):
     """A SpecializedKernel of the driver launcher with no cubin, and the stand-in
     driver its launches go to."""
-    from cuda.bindings import driver
-
     from cupy_dcp.kernels import _launch
 
     fake = _FakeDriver()
