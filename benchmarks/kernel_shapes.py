@@ -1,6 +1,7 @@
 """Which launch shape the pack and the combine run fastest in, at decode sizes.
 
     python benchmarks/kernel_shapes.py [--rounds 3] [--calls 20] [--reps 15]
+                                       [--cell DTYPE,N,B,H,D ...]
 
 One GPU; N ranks' buffers on it, as in ``python -m cupy_dcp.bench --kernels``.
 For each of the issue-27 cells of B <= 32 (and the float32 ones), and a few of
@@ -14,6 +15,8 @@ the library picks today:
   1, 2, 4, 8; the lanes a row and the slices of a row follow from it as in
   ``combine._combine_shape``) and the warps a block (1, 2, 4);
 - the pack: the warps a block (1, 2, 4, 8).
+
+``--cell`` (repeatable) times the cells it names in place of the list below.
 
 The shape the library picks today is marked ``*``. The buffers are zeros: the
 kernels' work does not depend on the values (a weight of 0 would skip a
@@ -63,6 +66,20 @@ def _shape(warps=None, unroll=None):
         yield
     finally:
         _rows.WARPS_PER_BLOCK, combine._combine_shape, combine.block_warps = saved
+
+
+def _cell(text):
+    """``(dtype, N, B, H, D)`` of ``--cell``'s ``DTYPE,N,B,H,D``."""
+    parts = text.split(",")
+    try:
+        n, B, H, D = (int(p) for p in parts[1:])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not DTYPE,N,B,H,D: {text!r}") from None
+    if parts[0] not in ("bfloat16", "float16", "float32"):
+        raise argparse.ArgumentTypeError(f"DTYPE is bfloat16, float16 or float32: {text!r}")
+    if min(n, B, H, D) < 1 or H % n:
+        raise argparse.ArgumentTypeError(f"N, B, H, D must be positive, N dividing H: {text!r}")
+    return parts[0], n, B, H, D
 
 
 def _launches(cupy, cell):
@@ -117,7 +134,11 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--cell", type=_cell, action="append", default=None,
+                        help="DTYPE,N,B,H,D: a cell to time in place of the default list "
+                             "(repeatable)")
     args = parser.parse_args()
+    cells = args.cell or CELLS
 
     import cupy
 
@@ -133,7 +154,7 @@ def main():
           f"{args.rounds} rounds; us; * the shape picked today; empty: the empty kernel "
           f"in that shape's grid", flush=True)
     with stream:
-        for cell in CELLS:
+        for cell in cells:
             launches, picked, _keep = _launches(cupy, cell)
             timed = dict(launches)
             for name in picked:  # the empty kernel in each picked shape's grid, timed last

@@ -60,3 +60,24 @@ def test_the_table_and_plot_take_records_without_a_floor(tmp_path, capsys):
     assert bench._table([record]).splitlines()[1].split()[-1] == "-"
     bench._plot([], str(tmp_path / "p.png"))
     assert "nothing was timed" in capsys.readouterr().out and not (tmp_path / "p.png").exists()
+
+
+@pytest.mark.parametrize("text, cell", [
+    ("bfloat16,2,512,64,128", ("bfloat16", 2, 512, 64, 128)),
+    ("float32,8,1,32,1", ("float32", 8, 1, 32, 1)),
+])
+def test_kernel_shapes_takes_a_cell_from_the_command_line(text, cell):
+    from benchmarks import kernel_shapes
+
+    assert kernel_shapes._cell(text) == cell
+
+
+@pytest.mark.parametrize("text", ["bfloat16,2,512", "bfloat16,2,512,64,x", "bfloat16,3,1,64,128",
+                                  "float32,2,0,64,128", "int8,2,1,64,128"])
+def test_kernel_shapes_refuses_a_malformed_cell(text):
+    import argparse
+
+    from benchmarks import kernel_shapes
+
+    with pytest.raises(argparse.ArgumentTypeError, match="DTYPE|N dividing H"):
+        kernel_shapes._cell(text)
