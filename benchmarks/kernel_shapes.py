@@ -14,6 +14,8 @@ the library picks today:
 - the combine for exactly N: the values each lane moves a shard (``unroll``:
   1, 2, 4, 8; the lanes a row and the slices of a row follow from it as in
   ``combine._combine_shape``) and the warps a block (1, 2, 4);
+  and, where its rows allow it (``combine.by_blocks`` less its bound on the rows),
+  the combine with a block a row;
 - the pack: the warps a block (1, 2, 4, 8).
 
 ``--cell`` (repeatable) times the cells it names in place of the list below.
@@ -47,13 +49,15 @@ PACK_WARPS = (1, 2, 4, 8)
 
 
 @contextlib.contextmanager
-def _shape(warps=None, unroll=None):
+def _shape(warps=None, unroll=None, by_rows=None):
     """The library's launch shape changed for the launches made inside: ``warps`` a
-    block (``_rows.WARPS_PER_BLOCK``, and the combine's ``block_warps``) and the
-    combine's ``unroll``."""
+    block (``_rows.WARPS_PER_BLOCK``, and the combine's ``block_warps``), the
+    combine's ``unroll``, and whether the combine runs a block a row (``by_rows``:
+    ``combine.by_blocks``; ``None`` leaves the library's choice)."""
     from cupy_dcp.kernels import _rows, combine
 
-    saved = _rows.WARPS_PER_BLOCK, combine._combine_shape, combine.block_warps
+    saved = _rows.WARPS_PER_BLOCK, combine._combine_shape, combine.block_warps, \
+        combine.by_blocks
     if warps is not None:
         _rows.WARPS_PER_BLOCK = warps
         combine.block_warps = lambda total: warps
@@ -62,10 +66,22 @@ def _shape(warps=None, unroll=None):
             group, slices = combine._slicing(elements, unroll)
             return group, unroll, slices
         combine._combine_shape = forced
+    if by_rows is not None:
+        combine.by_blocks = lambda elements, tokens, rows, shards: by_rows
     try:
         yield
     finally:
-        _rows.WARPS_PER_BLOCK, combine._combine_shape, combine.block_warps = saved
+        _rows.WARPS_PER_BLOCK, combine._combine_shape, combine.block_warps, \
+            combine.by_blocks = saved
+
+
+def _rows_fit(elements, tokens, shards):
+    """Whether the combine a block a row can launch for rows of ``elements`` values
+    (words in pairs), ``tokens`` tokens and ``shards`` ranks, however many rows:
+    ``combine.by_blocks`` less its bound on the rows."""
+    from cupy_dcp.kernels import combine
+
+    return combine.by_blocks(elements, tokens, 0, shards)
 
 
 def _cell(text):
@@ -115,17 +131,23 @@ def _launches(cupy, cell):
             launches[("pack", f"warps {warps}")] = pack()
     for unroll in UNROLLS:
         for warps in COMBINE_WARPS:
-            with _shape(warps=warps, unroll=unroll):
+            with _shape(warps=warps, unroll=unroll, by_rows=False):
                 launches[("combine", f"unroll {unroll} warps {warps}")] = comb()
     rows = B * (H // n)
-    # what the library picks: the pack's warps, the combine's unroll (D in words where
-    # 16-bit values go in pairs)
+    # D in words where 16-bit values go in pairs
     elements = D // 2 if np.dtype(dtype).itemsize == 2 and D % 2 == 0 else D
-    picked_unroll = combine._combine_shape(elements, rows, n)[1]
-    picked_warps = combine.block_warps(combine._warps(elements, rows, picked_unroll)) or \
-        _rows.WARPS_PER_BLOCK
-    picked = {"pack": f"warps {_rows.WARPS_PER_BLOCK}",
-              "combine": f"unroll {picked_unroll} warps {picked_warps}"}
+    if _rows_fit(elements, B, n):
+        with _shape(by_rows=True):
+            launches[("combine", "block a row")] = comb()
+    # what the library picks: the pack's warps; the combine's block a row, or its unroll
+    if combine.by_blocks(elements, B, rows, n):
+        picked_combine = "block a row"
+    else:
+        picked_unroll = combine._combine_shape(elements, rows, n)[1]
+        picked_warps = combine.block_warps(combine._warps(elements, rows, picked_unroll)) \
+            or _rows.WARPS_PER_BLOCK
+        picked_combine = f"unroll {picked_unroll} warps {picked_warps}"
+    picked = {"pack": f"warps {_rows.WARPS_PER_BLOCK}", "combine": picked_combine}
     return launches, picked, (x, lse, send, recv, out, out_lse)
 
 

@@ -124,3 +124,50 @@ def test_combine_lean_launches_the_library_its_in_line_twin_and_its_floors(monke
     np.testing.assert_allclose(outs["bare"][0].view(np.float32), 0.5 * xs.sum(axis=0),
                                rtol=1e-6, atol=1e-6)
     assert combine.LSE_WARP_ROWS >= B * H // n
+
+
+@pytest.mark.parametrize("B, by_rows", [(3, True), (300, False)], ids=["few_rows", "many_rows"])
+def test_kernel_shapes_candidates_are_the_shapes_they_name(B, by_rows):
+    """``benchmarks/kernel_shapes.py``: each combine candidate launches in the shape it
+    names (a block a row on grid ``(H/N, B)``, the others on the tile grid whatever the
+    library would pick), the one marked picked is the library's own launch, every
+    candidate of few rows gives the reference's values, and the library's choices
+    are its own again afterwards."""
+    from benchmarks import kernel_shapes
+    from cupy_dcp import lse_weighted_combine, pack_reference
+    from cupy_dcp.kernels import _rows, combine
+    from cupy_dcp.kernels._arrays import kernel_array
+
+    saved = (_rows.WARPS_PER_BLOCK, combine._combine_shape, combine.block_warps,
+             combine.by_blocks)
+    n, H, D = 2, 4, 8
+    launches, picked, (_, _, _, recv, out, out_lse) = kernel_shapes._launches(
+        np, ("float32", n, B, H, D))
+    assert (_rows.WARPS_PER_BLOCK, combine._combine_shape, combine.block_warps,
+            combine.by_blocks) == saved
+    assert (picked["combine"] == "block a row") == by_rows, picked
+    shapes = [shape for kind, shape in launches if kind == "combine"]
+    assert "block a row" in shapes and len(shapes) == 1 + len(kernel_shapes.UNROLLS) * len(
+        kernel_shapes.COMBINE_WARPS)
+    _, grid, block, _ = launches[("combine", "block a row")]
+    assert tuple(grid) == (H // n, B, 1)
+    for shape in shapes:
+        if shape != "block a row":
+            assert tuple(launches[("combine", shape)][1]) != (H // n, B, 1), shape
+    _, grid, block, _ = combine.combine_launch(
+        np.dtype(np.float32), kernel_array(recv, np.uint32), kernel_array(out, np.float32),
+        kernel_array(out_lse, np.float32), True)
+    assert (tuple(grid), tuple(block)) == tuple(
+        tuple(v) for v in launches[("combine", picked["combine"])][1:3])
+    if B > 3:
+        return  # the shapes' values at few rows: the simulator runs a launch a thread
+    rng = np.random.default_rng(11)
+    xs = rng.standard_normal((n, B, H // n, D)).astype(np.float32)
+    ls = rng.uniform(-3, 3, (n, B, H // n)).astype(np.float32)
+    recv[...] = np.stack([pack_reference(xs[r], ls[r], 1)[0] for r in range(n)]).view(np.uint32)
+    expect = lse_weighted_combine(xs.astype(np.float64), ls)
+    for shape in shapes:
+        out[...] = np.nan
+        kernel, grid, block, args = launches[("combine", shape)]
+        kernel(grid, block, 0, args)
+        np.testing.assert_allclose(out, expect, rtol=1e-5, atol=1e-6, err_msg=shape)
