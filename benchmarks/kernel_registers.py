@@ -2,7 +2,7 @@
 
     python benchmarks/kernel_registers.py [MAJOR MINOR]   (compute capability, 9 0 by default)
 
-No GPU: each kernel's PTX comes from NVVM (as in ``tests/compile_kernels.py``) and
+No GPU: each kernel's PTX comes from NVVM (``tests/compile_kernels.py``'s) and
 is linked for ``sm_MAJORMINOR`` by nvJitLink (the ``nvidia-nvjitlink`` wheel,
 through ``cuda.bindings.nvjitlink``), whose verbose log gives the registers a
 thread and the bytes spilled. For 16-bit pairs and float32 at N = 2, 4 and 8, each
@@ -18,8 +18,8 @@ Exits 77 where NVVM, NVRTC or nvJitLink is missing.
 
 import re
 import sys
+from pathlib import Path
 
-MISSING = 77
 CELLS = (("bfloat16", True, 64), ("float32", False, 128))  # (dtype, pairs, values a row)
 
 
@@ -52,29 +52,24 @@ def registers(log):
 
 
 def main(cc):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from compile_kernels import MISSING, compile_for, kernel_ptx, toolchain_problem
+
+    compile_for(cc)
+    problem = toolchain_problem()
     try:
         from cuda.bindings import nvjitlink
-        from numba.cuda.cudadrv.nvvm import NVVM
 
-        NVVM()
         nvjitlink.version()
-    except Exception as e:  # a library is missing: nothing to link with
-        print(f"no NVVM or nvJitLink here ({type(e).__name__}: {e})", flush=True)
+    except Exception as e:  # no nvJitLink: nothing to link with
+        problem = problem or f"{type(e).__name__}: {e}"
+    if problem:
+        print(f"no NVVM, NVRTC or nvJitLink here ({problem})", flush=True)
         sys.exit(MISSING)
-    from numba import cuda
-    import numba.cuda.dispatcher
-
     from cupy_dcp.kernels import combine
     from cupy_dcp.kernels._format import as_dtype
-    from cupy_dcp.kernels._launch import choose_launcher
     from cupy_dcp.kernels._rows import MAX_REGISTERS, lanes_per_row
 
-    choose_launcher("numba")  # the kernels' wrappers then compile nothing
-
-    class Device:  # device functions compile for the capability asked for
-        compute_capability = cc
-
-    numba.cuda.dispatcher.get_current_device = lambda: Device()
     print(f"sm_{cc[0]}{cc[1]}, nvJitLink {'.'.join(map(str, nvjitlink.version()))}; "
           f"registers a thread / bytes spilled", flush=True)
     print(f"{'dtype':<16} {'N':>2} {'unroll':>6}  {'as linked':>14}  {'at 64':>10}", flush=True)
@@ -85,9 +80,7 @@ def main(cc):
             for unroll in combine._unrolls(n):
                 kernel = combine.combine_kernel(dtype, pairs, lanes_per_row(elements, unroll), n,
                                                 unroll)
-                dispatcher = kernel._dispatcher
-                bounds = {k: v for k, v in dispatcher.targetoptions.items() if k == "launch_bounds"}
-                ptx, _ = cuda.compile_ptx(dispatcher.py_func, kernel.argtypes, cc=cc, **bounds)
+                ptx = kernel_ptx(kernel._dispatcher, kernel.argtypes, cc)
                 cap = MAX_REGISTERS if combine.capped(codec, n, unroll) else 0
                 linked = registers(link_log(ptx, cc, cap))
                 at_64 = registers(link_log(ptx, cc, 64))

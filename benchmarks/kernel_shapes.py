@@ -75,15 +75,6 @@ def _shape(warps=None, unroll=None, by_rows=None):
             combine.by_blocks = saved
 
 
-def _rows_fit(elements, tokens, shards):
-    """Whether the combine a block a row can launch for rows of ``elements`` values
-    (words in pairs), ``tokens`` tokens and ``shards`` ranks, however many rows:
-    ``combine.by_blocks`` less its bound on the rows."""
-    from cupy_dcp.kernels import combine
-
-    return combine.by_blocks(elements, tokens, 0, shards)
-
-
 def _cell(text):
     """``(dtype, N, B, H, D)`` of ``--cell``'s ``DTYPE,N,B,H,D``."""
     parts = text.split(",")
@@ -136,7 +127,7 @@ def _launches(cupy, cell):
     rows = B * (H // n)
     # D in words where 16-bit values go in pairs
     elements = D // 2 if np.dtype(dtype).itemsize == 2 and D % 2 == 0 else D
-    if _rows_fit(elements, B, n):
+    if combine.by_blocks(elements, B, 0, n):  # rows 0: where the rows allow a block a row
         with _shape(by_rows=True):
             launches[("combine", "block a row")] = comb()
     # what the library picks: the pack's warps; the combine's block a row, or its unroll

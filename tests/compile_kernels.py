@@ -186,25 +186,40 @@ def toolchain_problem():
     return None
 
 
-def main(cc, mode=None):
+def compile_for(cc):
+    """Set this process up to compile the kernels for compute capability ``cc`` with
+    no GPU: the kernels' wrappers compile nothing, and device functions compile for
+    ``cc`` (Numba asks the current device's capability). For a process of its own."""
+    import numba.cuda.dispatcher
+
     from cupy_dcp.kernels._launch import choose_launcher
 
-    choose_launcher("numba")  # the kernels' wrappers then compile nothing
+    choose_launcher("numba")
+
+    class Device:
+        compute_capability = cc
+
+    numba.cuda.dispatcher.get_current_device = lambda: Device()
+
+
+def kernel_ptx(dispatcher, argtypes, cc):
+    """The PTX of ``dispatcher``'s kernel for ``argtypes`` and capability ``cc``, with
+    its launch bounds (after :func:`compile_for`)."""
+    from numba import cuda
+
+    options = {k: v for k, v in dispatcher.targetoptions.items() if k == "launch_bounds"}
+    return cuda.compile_ptx(dispatcher.py_func, argtypes, cc=cc, **options)[0]
+
+
+def main(cc, mode=None):
+    compile_for(cc)
     problem = toolchain_problem()
     if problem:
         print(f"no NVVM or NVRTC here ({problem})", flush=True)
         sys.exit(MISSING)
-    from numba import cuda
-    import numba.cuda.dispatcher
-
-    class Device:  # device functions compile for the current device's capability
-        compute_capability = cc
-
-    numba.cuda.dispatcher.get_current_device = lambda: Device()
     count, prints, tools = 0, {}, None
     for name, dispatcher, argtypes in kernels():
-        options = {k: v for k, v in dispatcher.targetoptions.items() if k == "launch_bounds"}
-        ptx, _ = cuda.compile_ptx(dispatcher.py_func, argtypes, cc=cc, **options)
+        ptx = kernel_ptx(dispatcher, argtypes, cc)
         stores = sum(line.lstrip().startswith("st.") and any(w in line for w in WIDE_STORES)
                      for line in ptx.splitlines())
         pair_loads = sum(line.lstrip().startswith("ld.") and ".v2.u32" in line
