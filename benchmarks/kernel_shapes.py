@@ -13,7 +13,8 @@ the library picks today:
 
 - the combine for exactly N: the values each lane moves a shard (``unroll``:
   1, 2, 4, 8; the lanes a row and the slices of a row follow from it as in
-  ``combine._combine_shape``) and the warps a block (1, 2, 4);
+  ``combine._combine_shape``) and the warps a block (1, 2, 4); the picked tiles
+  with each block walking 2, 3 or 4 tokens (a grid of fewer blocks);
   and, where its rows allow it (``combine.by_blocks`` less its bound on the rows),
   the combine with a block a row;
 - the pack: the warps a block (1, 2, 4, 8).
@@ -45,19 +46,24 @@ CELLS = [
 ]
 UNROLLS = (1, 2, 4, 8)
 COMBINE_WARPS = (1, 2, 4)
+WALKS = (2, 3, 4)  # tokens a block of the picked combine tiles walks, as candidates
 PACK_WARPS = (1, 2, 4, 8)
 
 
 @contextlib.contextmanager
-def _shape(warps=None, unroll=None, by_rows=None):
+def _shape(warps=None, unroll=None, by_rows=None, depth=None):
     """The library's launch shape changed for the launches made inside: ``warps`` a
     block (``_rows.WARPS_PER_BLOCK``, and the combine's ``block_warps``), the
-    combine's ``unroll``, and whether the combine runs a block a row (``by_rows``:
-    ``combine.by_blocks``; ``None`` leaves the library's choice)."""
+    combine's ``unroll``, whether the combine runs a block a row (``by_rows``:
+    ``combine.by_blocks``; ``None`` leaves the library's choice), and the most
+    tokens along the grid's z (``depth``: ``_rows.tile_grid``'s bound; the tokens
+    beyond are the kernels' grid-stride loop, so each block walks several)."""
     from cupy_dcp.kernels import _rows, combine
 
     saved = _rows.WARPS_PER_BLOCK, combine._combine_shape, combine.block_warps, \
-        combine.by_blocks
+        combine.by_blocks, _rows.MAX_GRID_Z
+    if depth is not None:
+        _rows.MAX_GRID_Z = depth
     if warps is not None:
         _rows.WARPS_PER_BLOCK = warps
         combine.block_warps = lambda total: warps
@@ -72,7 +78,7 @@ def _shape(warps=None, unroll=None, by_rows=None):
         yield
     finally:
         _rows.WARPS_PER_BLOCK, combine._combine_shape, combine.block_warps, \
-            combine.by_blocks = saved
+            combine.by_blocks, _rows.MAX_GRID_Z = saved
 
 
 def _cell(text):
@@ -138,6 +144,12 @@ def _launches(cupy, cell):
         picked_warps = combine.block_warps(combine._warps(elements, rows, picked_unroll)) \
             or _rows.WARPS_PER_BLOCK
         picked_combine = f"unroll {picked_unroll} warps {picked_warps}"
+        # the picked tiles with each block walking several tokens (a grid of fewer waves)
+        for walk in WALKS:
+            if B >= 2 * walk:
+                with _shape(warps=picked_warps, unroll=picked_unroll, by_rows=False,
+                            depth=-(-B // walk)):
+                    launches[("combine", f"{picked_combine} walk {walk}")] = comb()
     picked = {"pack": f"warps {_rows.WARPS_PER_BLOCK}", "combine": picked_combine}
     return launches, picked, (x, lse, send, recv, out, out_lse)
 

@@ -139,16 +139,21 @@ def test_kernel_shapes_candidates_are_the_shapes_they_name(B, by_rows):
     from cupy_dcp.kernels._arrays import kernel_array
 
     saved = (_rows.WARPS_PER_BLOCK, combine._combine_shape, combine.block_warps,
-             combine.by_blocks)
+             combine.by_blocks, _rows.MAX_GRID_Z)
     n, H, D = 2, 4, 8
     launches, picked, (_, _, _, recv, out, out_lse) = kernel_shapes._launches(
         np, ("float32", n, B, H, D))
     assert (_rows.WARPS_PER_BLOCK, combine._combine_shape, combine.block_warps,
-            combine.by_blocks) == saved
+            combine.by_blocks, _rows.MAX_GRID_Z) == saved
     assert (picked["combine"] == "block a row") == by_rows, picked
     shapes = [shape for kind, shape in launches if kind == "combine"]
+    walks = [] if by_rows else list(kernel_shapes.WALKS)  # the picked tiles, walking tokens
     assert "block a row" in shapes and len(shapes) == 1 + len(kernel_shapes.UNROLLS) * len(
-        kernel_shapes.COMBINE_WARPS)
+        kernel_shapes.COMBINE_WARPS) + len(walks)
+    for walk in walks:
+        picked_grid = tuple(launches[("combine", picked["combine"])][1])
+        _, grid, block, _ = launches[("combine", f"{picked['combine']} walk {walk}")]
+        assert tuple(grid) == (*picked_grid[:2], -(-B // walk)), (walk, grid)
     _, grid, block, _ = launches[("combine", "block a row")]
     assert tuple(grid) == (H // n, B, 1)
     for shape in shapes:
@@ -171,3 +176,4 @@ def test_kernel_shapes_candidates_are_the_shapes_they_name(B, by_rows):
         kernel, grid, block, args = launches[("combine", shape)]
         kernel(grid, block, 0, args)
         np.testing.assert_allclose(out, expect, rtol=1e-5, atol=1e-6, err_msg=shape)
+
