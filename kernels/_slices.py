@@ -88,7 +88,7 @@ def shard_sums(codec, shards, per, weigh):
 
 
 @functools.cache
-def slices_kernel(codec, shards, group, unroll, max_registers=0):
+def slices_kernel(codec, shards, group, unroll, max_registers=0, whole=False):
     """The kernel ``combine(vals, bits, out, out_lse, write_lse, base_e, status, state,
     flat_vals, flat_bits)`` of codec ``codec`` for exactly ``shards`` ranks, rows of
     ``group`` lanes and ``unroll`` values a lane and shard: the arguments of
@@ -96,7 +96,9 @@ def slices_kernel(codec, shards, group, unroll, max_registers=0):
     ``vals`` and ``bits``; launched on ``_rows.tile_grid(H/N, B, group, slices)``,
     ``slices`` of ``group * unroll`` values covering a row. ``max_registers``: the
     linker's cap on a thread's registers (0: none; the PTX is the same either way,
-    and the simulator takes no cap)."""
+    and the simulator takes no cap). ``whole``: every slice lies within its row
+    (``combine.whole_slices``: a row's values are a multiple of ``group * unroll``),
+    so no load or store is tested against the row's end."""
     f = device_functions()
     encode = codec_functions(codec)[4]
     raw, half = RAW[codec], RAW_BITS[codec].itemsize == 2
@@ -149,7 +151,7 @@ def slices_kernel(codec, shards, group, unroll, max_registers=0):
             for r in range(shards):
                 at = row + u64(r) * chunk + u64(start)
                 for k in range(unroll):
-                    if u32(start + u32(k * group)) < d_count:
+                    if whole or u32(start + u32(k * group)) < d_count:
                         buf[r * unroll + k] = flat_vals[at + u64(k * group)]
             for r in range(shards):
                 lses[r] = read_lse(flat_vals, flat_bits, row + u64(r) * chunk + u64(width))
@@ -157,7 +159,7 @@ def slices_kernel(codec, shards, group, unroll, max_registers=0):
             m, total = sum_shards(buf, lses, weights, acc, base_e)
             for k in range(unroll):
                 d = u32(start + u32(k * group))
-                if d < d_count:
+                if whole or d < d_count:
                     dst[d] = encode(acc[k], acc[unroll + k])
             if write_lse and first_slice and lane == u32(0):  # after the stores: off their path
                 out_lse[b, h] = global_lse(total, m, base_e)

@@ -47,7 +47,7 @@ __all__ = ["BLOCK_LOADS", "BLOCK_ROWS", "FEW_WARPS", "FULL_BLOCK", "LANE_LOADS",
            "block_threads", "block_values", "block_warps", "by_blocks", "capped",
            "codec_functions", "combine_codec", "combine_kernel", "combine_launch",
            "combine_unroll", "combine_variants", "lane_weights", "row_accumulator",
-           "static_shards", "unpack_combine"]
+           "static_shards", "unpack_combine", "whole_slices"]
 
 
 @functools.cache
@@ -216,15 +216,26 @@ def capped(codec, shards, unroll):
     return codec == "float32" and shards * unroll <= LANE_LOADS
 
 
+def whole_slices(elements, group, unroll):
+    """Whether rows of ``elements`` values (words in pairs), split into slices of
+    ``group`` lanes moving ``unroll`` values each, fill every slice: the combine for
+    exactly N then tests no load or store against the row's end (the test costs it
+    registers: ``benchmarks/NOTES.md``)."""
+    return int(elements) % (int(group) * int(unroll)) == 0
+
+
 @functools.cache
 def combine_kernel(dtype, pairs=False, group=WARP, shards=0, unroll=UNROLL, blocks=False,
-                   signed=False):
+                   signed=False, whole=False):
     """The combine kernel specialised for output ``dtype`` (and 16-bit pairs),
     ``group`` lanes per row and, where ``shards`` (2 to :data:`MAX_STATIC_SHARDS`),
     for exactly that many ranks (0: any) with ``unroll`` values per lane and shard
     (:func:`combine_unroll`); the kernel for exactly N (``_slices``) splits rows
     over its grid's y, takes flat views of the received buffer too, and is linked
     with at most :data:`MAX_REGISTERS` registers where :func:`capped`.
+
+    ``whole``: the kernel for exactly N for rows that fill every slice
+    (:func:`whole_slices`), with no test against a row's end.
 
     ``blocks``: the kernel for exactly ``shards`` ranks with a block of ``group``
     threads a row (``_blocks``; ``unroll`` the values a thread and shard:
@@ -246,8 +257,9 @@ def combine_kernel(dtype, pairs=False, group=WARP, shards=0, unroll=UNROLL, bloc
                 array_type(np.int64, 1, True), array_type(np.int64, 1, True))
     if shards:
         cap = MAX_REGISTERS if capped(codec, shards, unroll) else 0
-        return SpecializedKernel(slices_kernel(codec, shards, group, unroll, cap), argtypes + (
-            array_type(value, 1, True), array_type(bits, 1, True)))
+        return SpecializedKernel(slices_kernel(codec, shards, group, unroll, cap, bool(whole)),
+                                 argtypes + (array_type(value, 1, True),
+                                             array_type(bits, 1, True)))
     return SpecializedKernel(_combine_kernel(codec, group), argtypes)
 
 
@@ -354,7 +366,8 @@ def combine_variants(elements, shards, signed=False):
     """The combine kernels that a combine of rows of ``elements`` values (words in pairs)
     can launch (:func:`combine_launch`), as the arguments of :func:`combine_kernel`
     after its ``dtype`` and ``pairs``: whole rows, or for ``shards`` ranks built for
-    their N one per :func:`combine_unroll` choice and, where a row fits a block's
+    their N one per :func:`combine_unroll` choice (with no test against a row's end
+    where :func:`whole_slices`) and, where a row fits a block's
     step, the one with a block a row (checking a plan's trailer where ``signed``); the
     one for any N also where a choice would split rows into more slices than a grid's
     y holds (:func:`_combine_shape`)."""
@@ -363,8 +376,9 @@ def combine_variants(elements, shards, signed=False):
         return [any_n]
     unrolls = _unrolls(shards)
     slicings = [(unroll, *_slicing(elements, unroll)) for unroll in unrolls]
-    found = [(group, shards, unroll) for unroll, group, slices in slicings
-             if slices <= MAX_GRID_Z]
+    found = [(group, shards, unroll) + ((False, False, True) if whole_slices(
+        elements, group, unroll) else ()) for unroll, group, slices in slicings
+        if slices <= MAX_GRID_Z]
     if len(found) < len(unrolls):
         found.append(any_n)
     if by_blocks(elements, 1, 1, shards):
@@ -456,7 +470,9 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None
     shards = shards if slices else 0
     warps = block_warps(_warps(out.shape[2], rows, unroll)) if slices else None
     grid, block = tile_grid(out.shape[1], out.shape[0], group, slices, warps)
-    kernel = combine_kernel(dtype, codec in PAIRS, group, shards, unroll)
+    # the arguments as combine_variants gives them (the same cached kernel)
+    whole = (False, False, True) if shards and whole_slices(out.shape[2], group, unroll) else ()
+    kernel = combine_kernel(dtype, codec in PAIRS, group, shards, unroll, *whole)
     args = (recv_vals, recv_bits, out, out_lse, int(write_lse), int(bool(is_lse_base_on_e)),
             status, state)
     if shards:  # the kernel for exactly N reads the buffer through flat views

@@ -124,11 +124,13 @@ def kernels():
             for unroll in combine._unrolls(shards):  # each that it can launch
                 suffix = {combine.UNROLL: "", combine.SLICED_UNROLL: " sliced"}.get(
                     unroll, f" unroll {unroll}")
-                add(f"combine {dtype} group 32 N={shards}{suffix}",
-                    combine.combine_kernel(dtype, False, 32, shards, unroll))
-                if dtype.itemsize == 2:
-                    add(f"combine {dtype} pairs N={shards}{suffix}",
-                        combine.combine_kernel(dtype, True, 32, shards, unroll))
+                for whole in ((), (False, False, True)):  # rows that fill the slices too
+                    what = f"{suffix}{' whole' if whole else ''}"
+                    add(f"combine {dtype} group 32 N={shards}{what}",
+                        combine.combine_kernel(dtype, False, 32, shards, unroll, *whole))
+                    if dtype.itemsize == 2:
+                        add(f"combine {dtype} pairs N={shards}{what}",
+                            combine.combine_kernel(dtype, True, 32, shards, unroll, *whole))
         for shards, per in ((2, 2), (3, 3), (8, 4)):  # a block a row: values a thread
             for signed in (False, True):
                 suffix = f"N={shards} block a row, {per} a thread{' signed' if signed else ''}"

@@ -91,9 +91,11 @@ def test_a2a_variants():
     assert sorted(alone) == sorted(tokens + [(np.uint32, 32, True, False, False),
                                              (np.uint32, 32, False, False, False)])
     tasks = [c for c in tasks if c.func is not tokens_kernel]
-    sliced = [c for c in tasks[2:] if len(c.args) == 5]
+    sliced = [c for c in tasks[2:] if len(c.args) == 5 or not c.args[5]]  # not a block a row
     assert sorted(c.args[4] for c in sliced) == [2, 4, 8]
-    blocks = [c.args[2:] for c in tasks[2:] if len(c.args) > 5]
+    # 256 words fill every slice of each (combine.whole_slices): no test against a row's end
+    assert all(c.args[5:] == (False, False, True) for c in sliced)
+    blocks = [c.args[2:] for c in tasks[2:] if len(c.args) > 5 and c.args[5]]
     assert blocks == [(128, 2, 2, True, True)]  # 256 words: 2 a thread; signed, as plans call
     assert len(a2a_tasks(BF16, 512, 9)) == 7  # past 8: the combine for any N
     masked, unmasked, *combines = tasks  # functools.partial: their arguments

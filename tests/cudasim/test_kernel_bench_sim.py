@@ -177,3 +177,27 @@ def test_kernel_shapes_candidates_are_the_shapes_they_name(B, by_rows):
         kernel(grid, block, 0, args)
         np.testing.assert_allclose(out, expect, rtol=1e-5, atol=1e-6, err_msg=shape)
 
+
+def test_whole_slices_ab_launches_the_library_and_its_guarded_twin():
+    """``benchmarks/whole_slices_ab.py``: at a cell whose rows fill the combine's slices,
+    the library's launch (the kernel with no test against a row's end) and its guarded
+    twin, in the same grid; no launches where the library runs a block a row or the rows
+    do not fill the slices; the library's rule is its own again afterwards."""
+    from benchmarks import whole_slices_ab
+    from cupy_dcp.kernels import combine
+
+    library = combine.whole_slices
+    n, B, H, D = 2, 300, 4, 64  # 600 rows of 64 values: 16 lanes of 4 values a row
+    launches = whole_slices_ab._launches(np, ("float32", n, B, H, D))
+    assert combine.whole_slices is library
+    assert set(launches) == {"guarded", "whole"}
+    group, unroll, slices = combine._combine_shape(D, B * H // n, n)
+    assert (group, unroll, slices) == (16, 4, 1)
+    assert launches["whole"][0] is combine.combine_kernel(np.dtype(np.float32), False, group,
+                                                          n, unroll, False, False, True)
+    assert launches["guarded"][0] is combine.combine_kernel(np.dtype(np.float32), False,
+                                                            group, n, unroll)
+    assert [tuple(launches[k][1]) for k in launches] == [tuple(launches["whole"][1])] * 2
+    assert whole_slices_ab._launches(np, ("float32", n, 3, H, D)) is None  # a block a row
+    assert whole_slices_ab._launches(np, ("float32", n, B, H, D - 2)) is None  # 62 values
+    assert combine.whole_slices is library

@@ -618,6 +618,57 @@ def test_combine_for_its_n_is_the_combine_for_any_n_bit_for_bit(dtype, n, d, loa
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("d", [64, 512])
+@pytest.mark.parametrize("loads", ["most", "fewest"])
+def test_combine_over_rows_that_fill_its_slices_gives_the_bits_of_the_guarded(dtype, n, d,
+                                                                            loads,
+                                                                            monkeypatch):
+    """Rows that fill every slice of the combine for exactly N (``whole_slices``: one
+    slice at D = 64, two or more at D = 512), with the most values a lane (streaming)
+    or the fewest, run the kernel with no test against a row's end: the bits of the
+    same launch with the tests, NaN, +-inf and empty shards included; rows that do not
+    fill their slices keep the tests."""
+    from cupy_dcp.kernels import combine
+    from cupy_dcp.reference import pack_reference
+
+    monkeypatch.setattr(combine, "by_blocks", lambda *shape: False)  # rows split over warps
+    monkeypatch.setattr(combine, "MANY_WARPS", 0 if loads == "most" else 1 << 40)
+    rng = np.random.default_rng(d + n)
+    b, hn = 2, 2
+    x = rng.standard_normal((b, n * hn, d)).astype(np.float32)
+    x[0, 0, 1], x[1, 1, d - 1] = np.nan, -np.inf
+    lse = rng.uniform(-30, 30, (b, n * hn)).astype(np.float32)
+    lse[0, 0], lse[1, 1] = np.inf, -np.inf  # an inf LSE (weighed 0), an empty shard
+    recv = np.stack([pack_reference(x.astype(dtype), lse + r, n)[0] for r in range(n)])
+    library, launch = combine.whole_slices, combine.combine_launch
+    outs, kernels = [], []
+
+    def kept(*args, **kwargs):  # the launch, its kernel noted
+        found = launch(*args, **kwargs)
+        kernels.append(found[0])
+        return found
+
+    monkeypatch.setattr(combine, "combine_launch", kept)
+    for rule in (library, lambda *a: False):  # the library's, then every slice tested
+        monkeypatch.setattr(combine, "whole_slices", rule)
+        grid, _, args, got = _combine_bits(dtype, recv)
+        elements = args[2].shape[2]
+        pairs = args[2].dtype.itemsize == 4 and np.dtype(dtype).itemsize == 2
+        group, unroll, slices = combine._combine_shape(elements, b * hn, n)
+        assert unroll == ((8 if n == 2 else 4) if loads == "most" else 2)
+        assert slices and library(elements, group, unroll)  # the rows fill their slices
+        assert grid[1] == slices >= (2 if d == 512 and loads == "fewest" else 1)
+        whole = (False, False, True) if rule is library else ()
+        assert kernels[-1] is combine.combine_kernel(dtype, pairs, group, n, unroll, *whole)
+        outs.append(got)
+    assert kernels[0] is not kernels[1]
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+    assert not library(elements + 1, group, unroll) and not library(elements - 1, group, unroll)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n", [2, 4])
 def test_combine_in_blocks_of_two_warps_gives_the_bits_of_blocks_of_four(dtype, n,
                                                                         monkeypatch):
