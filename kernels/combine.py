@@ -188,7 +188,7 @@ MAX_STATIC_SHARDS = 8  # up to this N the combine is built for its N (every shar
 SLICED_UNROLL = 2  # the fewest values a lane and shard of the combine for its N
 LANE_LOADS = 16  # the values a lane of the combine for its N loads, over every shard
 FEW_WARPS = 256  # a combine for its N launched as fewer warps moves fewer values a lane
-MANY_WARPS = 4096  # a combine for its N launched as more warps streams its rows
+MANY_WARPS = 4096  # a combine for its N launched as this many warps or more streams
 STREAM_UNROLL = 4  # the fewest values a lane and shard of a combine that streams
 SPREAD_FROM = 64  # a combine for its N of this many warps, up to FEW_WARPS, runs in
 SPREAD_WARPS = 2  # blocks of this many warps (more SMs share few warps)
@@ -297,14 +297,14 @@ def combine_unroll(elements, rows, shards):
     The most that keeps a lane's loads within :data:`LANE_LOADS` (N = 2: 8,
     N = 4: 4, N = 8: 2), halved (to :data:`SLICED_UNROLL` at least) while the
     launch would have fewer than :data:`FEW_WARPS` warps, so that few rows
-    spread over more lanes; but where it would have more than
-    :data:`MANY_WARPS`, the combine streams, and each lane moves at least
+    spread over more lanes; but where it would have :data:`MANY_WARPS` or
+    more, the combine streams, and each lane moves at least
     :data:`STREAM_UNROLL` values a shard (N = 8: 4). The figures behind these
     constants: ``benchmarks/NOTES.md``, from ``benchmarks/kernel_shapes.py``.
     """
     unrolls = _unrolls(shards)
     within = [u for u in unrolls if u * shards <= LANE_LOADS] or unrolls[-1:]
-    if _warps(elements, rows, within[0]) > MANY_WARPS:
+    if _warps(elements, rows, within[0]) >= MANY_WARPS:
         return unrolls[0]
     for unroll in within:
         if _warps(elements, rows, unroll) >= FEW_WARPS:

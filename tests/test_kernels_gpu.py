@@ -119,11 +119,12 @@ def test_combine_matches_reference(dtype, d, base_e, loads, monkeypatch):
 # block a row turned off): blocks of two warps (N = 4 and 8 at B = 1), the float32
 # kernel capped at 64 registers (N = 2, B = 32), both (B = 1). A block a row (warps 0,
 # as the library picks): few rows of words, 4 float32 values a thread, short rows (64
-# words: a block of two warps).
+# words: a block of two warps). A 4096-warp launch (N = 8, B = 512): it streams, four
+# word pairs a lane and shard, over rows that fill its slices (combine.whole_slices).
 DECODE_CELLS = [("bfloat16", 4, 1, 128, 512, 2), ("bfloat16", 8, 1, 128, 512, 2),
                 ("float32", 2, 32, 128, 512, 4), ("float32", 2, 1, 128, 512, 2),
                 ("bfloat16", 2, 1, 128, 512, 0), ("float32", 8, 32, 128, 512, 0),
-                ("bfloat16", 8, 32, 32, 128, 0)]
+                ("bfloat16", 8, 32, 32, 128, 0), ("bfloat16", 8, 512, 64, 128, 4)]
 
 
 @pytest.mark.parametrize("cell", DECODE_CELLS, ids=lambda c: "-".join(map(str, c[:6])))
