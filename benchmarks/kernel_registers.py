@@ -7,7 +7,10 @@ is linked for ``sm_MAJORMINOR`` by nvJitLink (the ``nvidia-nvjitlink`` wheel,
 through ``cuda.bindings.nvjitlink``), whose verbose log gives the registers a
 thread and the bytes spilled. For 16-bit pairs and float32 at N = 2, 4 and 8, each
 values a lane the combine can take (``combine._unrolls``), as the library links it
-(capped at ``MAX_REGISTERS`` where ``combine.capped``) and capped at 64.
+(capped at ``MAX_REGISTERS`` where ``combine.capped``) and capped at 64; each with
+its tests against a row's end (``tested``) and, where the rows fill the slices as
+they do at these cells, without them (``whole``, the kernel the library launches:
+``combine.whole_slices``).
 
 The registers decide how many blocks fit an SM, and so whether a launch of a given
 number of warps runs as one wave (``benchmarks/NOTES.md``, 2026-12-05, fourth). The
@@ -72,21 +75,27 @@ def main(cc):
 
     print(f"sm_{cc[0]}{cc[1]}, nvJitLink {'.'.join(map(str, nvjitlink.version()))}; "
           f"registers a thread / bytes spilled", flush=True)
-    print(f"{'dtype':<16} {'N':>2} {'unroll':>6}  {'as linked':>14}  {'at 64':>10}", flush=True)
+    print(f"{'dtype':<16} {'N':>2} {'unroll':>6} {'rows':>7}  {'as linked':>14}  {'at 64':>10}",
+          flush=True)
     for dtype_name, pairs, elements in CELLS:
         dtype = as_dtype(dtype_name)
         codec = combine.combine_codec(dtype, pairs)[0]
         for n in (2, 4, 8):
             for unroll in combine._unrolls(n):
-                kernel = combine.combine_kernel(dtype, pairs, lanes_per_row(elements, unroll), n,
-                                                unroll)
-                ptx = kernel_ptx(kernel._dispatcher, kernel.argtypes, cc)
-                cap = MAX_REGISTERS if combine.capped(codec, n, unroll) else 0
-                linked = registers(link_log(ptx, cc, cap))
-                at_64 = registers(link_log(ptx, cc, 64))
-                label = f"{dtype_name}{' pairs' if pairs else ''}"
-                print(f"{label:<16} {n:>2} {unroll:>6}  {linked[0]:>4} / {linked[1]:<3}"
-                      f"{' cap' if cap else '    '}  {at_64[0]:>4} / {at_64[1]:<3}", flush=True)
+                group = lanes_per_row(elements, unroll)
+                rows = [("tested", ())]
+                if combine.whole_slices(elements, group, unroll):
+                    rows.append(("whole", (False, False, True)))
+                for name, whole in rows:
+                    kernel = combine.combine_kernel(dtype, pairs, group, n, unroll, *whole)
+                    ptx = kernel_ptx(kernel._dispatcher, kernel.argtypes, cc)
+                    cap = MAX_REGISTERS if combine.capped(codec, n, unroll) else 0
+                    linked = registers(link_log(ptx, cc, cap))
+                    at_64 = registers(link_log(ptx, cc, 64))
+                    label = f"{dtype_name}{' pairs' if pairs else ''}"
+                    print(f"{label:<16} {n:>2} {unroll:>6} {name:>7}  {linked[0]:>4} / "
+                          f"{linked[1]:<3}{' cap' if cap else '    '}  {at_64[0]:>4} / "
+                          f"{at_64[1]:<3}", flush=True)
 
 
 if __name__ == "__main__":

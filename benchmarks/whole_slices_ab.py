@@ -36,7 +36,7 @@ CELLS = [
 def _launches(cupy, cell):
     """``{"guarded": launch, "whole": launch}`` of the combine in ``cell`` (on zeroed
     buffers, kept alive by the launches' arguments), or ``None`` where the library runs
-    it a block a row or its rows do not fill its slices."""
+    the combine for any N or a block a row, or its rows do not fill its slices."""
     from cupy_dcp.kernels import combine
     from cupy_dcp.kernels._arrays import kernel_array
     from cupy_dcp.layout import as_dtype, bits_dtype, lse_pack_dim
@@ -45,10 +45,10 @@ def _launches(cupy, cell):
     dtype = as_dtype(dtype_name)
     bits, value = bits_dtype(dtype), combine.combine_codec(dtype)[1]
     elements = D // 2 if np.dtype(dtype).itemsize == 2 and D % 2 == 0 else D  # words in pairs
-    rows = B * (H // n)
-    if combine.by_blocks(elements, B, rows, n):
-        return None
-    group, unroll, slices = combine._combine_shape(elements, rows, n)
+    rows, shards = B * (H // n), combine.static_shards(n)
+    if not shards or combine.by_blocks(elements, B, rows, shards):
+        return None  # the combine for any N, or a block a row
+    group, unroll, slices = combine._combine_shape(elements, rows, shards)
     if not slices or not combine.whole_slices(elements, group, unroll):
         return None
     recv = cupy.zeros((n, B, H // n, D + lse_pack_dim(dtype)), dtype=bits)

@@ -151,6 +151,14 @@ def test_combine_at_decode_shapes_matches_reference(cell, monkeypatch):
         dtype, kernel_array(recv, bits), kernel_array(out, combine.combine_codec(dtype)[1]),
         None, True)
     assert block == ((32, warps) if warps else (combine.block_threads(args[9]), 1))  # D
+    if warps:  # the tiles: the kernel for these rows, whole where they fill the slices
+        elements = args[2].shape[2]  # words in pairs
+        group, unroll, _ = combine._combine_shape(elements, b * (h // n), n)
+        whole = (False, False, True) if combine.whole_slices(elements, group, unroll) else ()
+        assert kernel is combine.combine_kernel(dtype, args[2].dtype.itemsize == 4 and
+                                                dtype.itemsize == 2, group, n, unroll, *whole)
+        if (n, b, h, d) == (8, 512, 64, 128):  # 4096 warps at 2 values a lane: streams
+            assert (unroll, whole) == (4, (False, False, True))
     module = cupy.cuda.function.Module()
     module.load(kernel._image)
     function = module.get_function(kernel._entry)

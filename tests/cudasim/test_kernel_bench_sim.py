@@ -200,4 +200,5 @@ def test_whole_slices_ab_launches_the_library_and_its_guarded_twin():
     assert [tuple(launches[k][1]) for k in launches] == [tuple(launches["whole"][1])] * 2
     assert whole_slices_ab._launches(np, ("float32", n, 3, H, D)) is None  # a block a row
     assert whole_slices_ab._launches(np, ("float32", n, B, H, D - 2)) is None  # 62 values
+    assert whole_slices_ab._launches(np, ("float32", 9, B, 9, D)) is None  # any N
     assert combine.whole_slices is library

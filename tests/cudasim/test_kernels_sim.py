@@ -621,14 +621,16 @@ def test_combine_for_its_n_is_the_combine_for_any_n_bit_for_bit(dtype, n, d, loa
 @pytest.mark.parametrize("n", [2, 4, 8])
 @pytest.mark.parametrize("d", [64, 512])
 @pytest.mark.parametrize("loads", ["most", "fewest"])
+@pytest.mark.parametrize("layout", ["rows", "every_other"])
 def test_combine_over_rows_that_fill_its_slices_gives_the_bits_of_the_guarded(dtype, n, d,
-                                                                            loads,
+                                                                            loads, layout,
                                                                             monkeypatch):
     """Rows that fill every slice of the combine for exactly N (``whole_slices``: one
-    slice at D = 64, two or more at D = 512), with the most values a lane (streaming)
-    or the fewest, run the kernel with no test against a row's end: the bits of the
-    same launch with the tests, NaN, +-inf and empty shards included; rows that do not
-    fill their slices keep the tests."""
+    slice at D = 64, two or more at D = 512 with the fewest values a lane), with the
+    most values a lane (streaming) or the fewest, and outputs whose rows are contiguous
+    or strided, run the kernel with no test against a row's end: the bits of the same
+    launch with the tests, NaN, +-inf and empty shards included; rows that do not fill
+    their slices keep the tests."""
     from cupy_dcp.kernels import combine
     from cupy_dcp.reference import pack_reference
 
@@ -652,7 +654,7 @@ def test_combine_over_rows_that_fill_its_slices_gives_the_bits_of_the_guarded(dt
     monkeypatch.setattr(combine, "combine_launch", kept)
     for rule in (library, lambda *a: False):  # the library's, then every slice tested
         monkeypatch.setattr(combine, "whole_slices", rule)
-        grid, _, args, got = _combine_bits(dtype, recv)
+        grid, _, args, got = _combine_bits(dtype, recv, layout)
         elements = args[2].shape[2]
         pairs = args[2].dtype.itemsize == 4 and np.dtype(dtype).itemsize == 2
         group, unroll, slices = combine._combine_shape(elements, b * hn, n)
@@ -845,6 +847,23 @@ def test_combine_runs_a_block_a_row_only_where_it_fits():
     assert not by_blocks(256, 1, 64, 0)  # the combine for any N
     assert not by_blocks(64, combine.MAX_GRID_Z + 1, 1 << 20, 2)  # tokens past a grid's y
     assert not by_blocks(64, 4096, 16384, 2)  # 2048 tokens of D = 128: split over warps
+
+
+def test_combine_streams_from_many_warps_and_skips_the_tests_of_whole_rows():
+    """``combine_unroll`` streams (at least ``STREAM_UNROLL`` values a lane and shard) from
+    ``MANY_WARPS`` warps on, and ``whole_slices`` holds exactly where slices of
+    ``group * unroll`` values cover a row."""
+    from cupy_dcp.kernels import combine
+
+    # 64 words a row at N = 8: 2 values a lane, a warp a row; 4096 rows are 4096 warps
+    assert combine._warps(64, 4096, 2) == combine.MANY_WARPS
+    assert combine.combine_unroll(64, 4096, 8) == combine.STREAM_UNROLL == 4
+    assert combine.combine_unroll(64, 4095, 8) == 2
+    assert combine.combine_unroll(64, 16384, 2) == 8 and combine.combine_unroll(64, 4096, 4) == 4
+    assert combine.whole_slices(64, 32, 2) and combine.whole_slices(64, 16, 4)
+    assert combine.whole_slices(256, 32, 2)  # four slices of 64
+    assert not combine.whole_slices(65, 16, 4) and not combine.whole_slices(63, 16, 4)
+    assert not combine.whole_slices(1, 4, 2) and not combine.whole_slices(3, 4, 8)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
