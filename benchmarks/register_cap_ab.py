@@ -22,9 +22,12 @@ CELLS = [("bfloat16", 4, 512, 64, 128), ("bfloat16", 4, 1024, 64, 128),
          ("bfloat16", 2, 512, 64, 128), ("float32", 8, 2048, 32, 128)]
 
 
-def _launches(cupy, cell):
-    """``{"lib": launch, "flip": launch}`` of the combine in ``cell`` (on zeroed buffers,
-    kept alive by the launches' arguments)."""
+def rule_launches(cupy, cell, attr, rules, rebuild=False):
+    """``{name: launch}``: the library's combine in ``cell`` (on zeroed buffers, kept alive
+    by the launches' arguments) launched with ``combine.<attr>`` set to each ``rule`` of
+    ``rules`` (``{name: rule}``) in turn, and the library's own again afterwards.
+    ``rebuild``: the rule is read as the kernel is built (``combine_kernel``'s cache is
+    cleared around each launch), not only as it is launched."""
     from cupy_dcp.kernels import combine
     from cupy_dcp.kernels._arrays import kernel_array
     from cupy_dcp.layout import as_dtype, bits_dtype, lse_pack_dim
@@ -35,19 +38,31 @@ def _launches(cupy, cell):
     recv = cupy.zeros((n, B, H // n, D + lse_pack_dim(dtype)), dtype=bits)
     out = cupy.zeros((B, H // n, D), dtype=dtype)
     out_lse = cupy.zeros((B, H // n), dtype=cupy.float32)
-    library = combine.capped
+    library = getattr(combine, attr)
     launches = {}
-    for name, capped in (("lib", library), ("flip", lambda *a: not library(*a))):
-        combine.capped = capped
-        combine.combine_kernel.cache_clear()  # the kernel is built again with this cap
+    for name, rule in rules.items():
+        setattr(combine, attr, rule)
+        if rebuild:
+            combine.combine_kernel.cache_clear()  # the kernel is built again under this rule
         try:
             launches[name] = combine.combine_launch(dtype, kernel_array(recv, bits),
                                                     kernel_array(out, value),
                                                     kernel_array(out_lse, np.float32), True)
         finally:
-            combine.capped = library
-            combine.combine_kernel.cache_clear()
+            setattr(combine, attr, library)
+            if rebuild:
+                combine.combine_kernel.cache_clear()
     return launches
+
+
+def _launches(cupy, cell):
+    """``{"lib": launch, "flip": launch}`` of the combine in ``cell``: ``combine.capped``
+    as the library has it, and negated."""
+    from cupy_dcp.kernels import combine
+
+    library = combine.capped
+    return rule_launches(cupy, cell, "capped",
+                         {"lib": library, "flip": lambda *a: not library(*a)}, rebuild=True)
 
 
 def main():

@@ -18,6 +18,9 @@ import argparse
 
 import numpy as np
 
+from kernel_shapes import _cell  # run as a script: benchmarks/ is on the path
+from register_cap_ab import rule_launches
+
 CELLS = [
     # the 4096-warp cells under 85 % of the copy rate on an H200 (benchmarks/NOTES.md)
     ("bfloat16", 2, 512, 64, 128), ("bfloat16", 4, 512, 64, 128), ("bfloat16", 8, 512, 64, 128),
@@ -38,12 +41,10 @@ def _launches(cupy, cell):
     buffers, kept alive by the launches' arguments), or ``None`` where the library runs
     the combine for any N or a block a row, or its rows do not fill its slices."""
     from cupy_dcp.kernels import combine
-    from cupy_dcp.kernels._arrays import kernel_array
-    from cupy_dcp.layout import as_dtype, bits_dtype, lse_pack_dim
+    from cupy_dcp.layout import as_dtype
 
     dtype_name, n, B, H, D = cell
     dtype = as_dtype(dtype_name)
-    bits, value = bits_dtype(dtype), combine.combine_codec(dtype)[1]
     elements = D // 2 if np.dtype(dtype).itemsize == 2 and D % 2 == 0 else D  # words in pairs
     rows, shards = B * (H // n), combine.static_shards(n)
     if not shards or combine.by_blocks(elements, B, rows, shards):
@@ -51,25 +52,11 @@ def _launches(cupy, cell):
     group, unroll, slices = combine._combine_shape(elements, rows, shards)
     if not slices or not combine.whole_slices(elements, group, unroll):
         return None
-    recv = cupy.zeros((n, B, H // n, D + lse_pack_dim(dtype)), dtype=bits)
-    out = cupy.zeros((B, H // n, D), dtype=dtype)
-    out_lse = cupy.zeros((B, H // n), dtype=cupy.float32)
-    library = combine.whole_slices
-    launches = {}
-    for name, rule in (("guarded", lambda *a: False), ("whole", library)):
-        combine.whole_slices = rule
-        try:
-            launches[name] = combine.combine_launch(dtype, kernel_array(recv, bits),
-                                                    kernel_array(out, value),
-                                                    kernel_array(out_lse, np.float32), True)
-        finally:
-            combine.whole_slices = library
-    return launches
+    return rule_launches(cupy, cell, "whole_slices",
+                         {"guarded": lambda *a: False, "whole": combine.whole_slices})
 
 
 def main():
-    from kernel_shapes import _cell  # run as a script: benchmarks/ is on the path
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--cell", type=_cell, action="append", default=None,

@@ -178,13 +178,17 @@ def test_kernel_shapes_candidates_are_the_shapes_they_name(B, by_rows):
         np.testing.assert_allclose(out, expect, rtol=1e-5, atol=1e-6, err_msg=shape)
 
 
-def test_whole_slices_ab_launches_the_library_and_its_guarded_twin():
+def test_whole_slices_ab_launches_the_library_and_its_guarded_twin(monkeypatch):
     """``benchmarks/whole_slices_ab.py``: at a cell whose rows fill the combine's slices,
     the library's launch (the kernel with no test against a row's end) and its guarded
     twin, in the same grid; no launches where the library runs a block a row or the rows
     do not fill the slices; the library's rule is its own again afterwards."""
-    from benchmarks import whole_slices_ab
+    from pathlib import Path
+
     from cupy_dcp.kernels import combine
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import whole_slices_ab  # as its command line runs it: beside register_cap_ab
 
     library = combine.whole_slices
     n, B, H, D = 2, 300, 4, 64  # 600 rows of 64 values: 16 lanes of 4 values a row
