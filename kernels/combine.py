@@ -362,6 +362,18 @@ def by_blocks(elements, tokens, rows, shards):
         (rows <= BLOCK_ROWS or per >= FULL_BLOCK)
 
 
+def _sliced(elements, group, shards, unroll):
+    """The arguments of :func:`combine_kernel` after its ``dtype`` and ``pairs`` of the
+    combine for exactly ``shards`` ranks on slices of ``group`` lanes and ``unroll``
+    values, for rows of ``elements`` values (words in pairs): with ``whole`` where
+    :func:`whole_slices`. The launch and :func:`combine_variants` both take them from
+    here, so that a plan's warm-up builds the very kernel (the same cache key) that
+    the launch asks for."""
+    if whole_slices(elements, group, unroll):
+        return group, shards, unroll, False, False, True
+    return group, shards, unroll
+
+
 def combine_variants(elements, shards, signed=False):
     """The combine kernels that a combine of rows of ``elements`` values (words in pairs)
     can launch (:func:`combine_launch`), as the arguments of :func:`combine_kernel`
@@ -376,9 +388,8 @@ def combine_variants(elements, shards, signed=False):
         return [any_n]
     unrolls = _unrolls(shards)
     slicings = [(unroll, *_slicing(elements, unroll)) for unroll in unrolls]
-    found = [(group, shards, unroll) + ((False, False, True) if whole_slices(
-        elements, group, unroll) else ()) for unroll, group, slices in slicings
-        if slices <= MAX_GRID_Z]
+    found = [_sliced(elements, group, shards, unroll) for unroll, group, slices in slicings
+             if slices <= MAX_GRID_Z]
     if len(found) < len(unrolls):
         found.append(any_n)
     if by_blocks(elements, 1, 1, shards):
@@ -470,9 +481,9 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None
     shards = shards if slices else 0
     warps = block_warps(_warps(out.shape[2], rows, unroll)) if slices else None
     grid, block = tile_grid(out.shape[1], out.shape[0], group, slices, warps)
-    # the arguments as combine_variants gives them (the same cached kernel)
-    whole = (False, False, True) if shards and whole_slices(out.shape[2], group, unroll) else ()
-    kernel = combine_kernel(dtype, codec in PAIRS, group, shards, unroll, *whole)
+    variant = _sliced(out.shape[2], group, shards, unroll) if shards else \
+        (group, shards, unroll)
+    kernel = combine_kernel(dtype, codec in PAIRS, *variant)
     args = (recv_vals, recv_bits, out, out_lse, int(write_lse), int(bool(is_lse_base_on_e)),
             status, state)
     if shards:  # the kernel for exactly N reads the buffer through flat views
