@@ -206,3 +206,37 @@ def test_whole_slices_ab_launches_the_library_and_its_guarded_twin(monkeypatch):
     assert whole_slices_ab._launches(np, ("float32", n, B, H, D - 2)) is None  # 62 values
     assert whole_slices_ab._launches(np, ("float32", 9, B, 9, D)) is None  # any N
     assert combine.whole_slices is library
+
+
+@pytest.mark.parametrize("dtype, n", [("float32", 2), ("bfloat16", 4), ("float16", 8)])
+def test_row_floor_loads_as_the_combine_and_stores_the_xor_of_its_rows(monkeypatch, dtype,
+                                                                       n):
+    """``benchmarks/row_floor.py``: beside the combine for exactly N on rows that fill
+    its slices, a copy in the combine's grid stores at each output word the XOR of every
+    shard's word there and its LSE word; no copy where the combine runs a block a row,
+    the kernel for any N or rows that do not fill its slices."""
+    from pathlib import Path
+
+    from cupy_dcp._kernel_bench import _case_kernels
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import row_floor  # as its command line runs it: beside exact_cost and word_floor
+
+    def combine_of(cell):
+        return [c for c in _case_kernels(np, cell) if c[0] == "combine"][0][1]
+
+    B, H, D = 300, 2 * n, 64  # 600 rows of 64 values (32 words in pairs): whole slices
+    launch = combine_of((dtype, n, B, H, D))
+    found = row_floor.row_launch(np, launch)
+    assert found is not None
+    (kernel, grid, block, args), src, dst = found
+    assert tuple(grid) == tuple(launch[1]) and tuple(block) == tuple(launch[2])
+    width = args[4]
+    src[...] = np.random.default_rng(n).integers(0, 2 ** 32, src.size, dtype=np.uint64)
+    kernel(grid, block, 0, args)
+    rows = src.reshape(n, B, H // n, width)
+    expect = np.bitwise_xor.reduce(rows[..., :args[5]] ^ rows[..., width - 1:], axis=0)
+    assert np.array_equal(dst.reshape(expect.shape), expect)
+    assert row_floor.row_launch(np, combine_of((dtype, n, 3, H, D))) is None  # a block a row
+    assert row_floor.row_launch(np, combine_of(("float32", n, B, H, D - 2))) is None  # 62
+    assert row_floor.row_launch(np, combine_of(("float32", 9, B, 9, D))) is None  # any N
