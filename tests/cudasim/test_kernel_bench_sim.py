@@ -240,3 +240,54 @@ def test_row_floor_loads_as_the_combine_and_stores_the_xor_of_its_rows(monkeypat
     assert row_floor.row_launch(np, combine_of((dtype, n, 3, H, D))) is None  # a block a row
     assert row_floor.row_launch(np, combine_of(("float32", n, B, H, D - 2))) is None  # 62
     assert row_floor.row_launch(np, combine_of(("float32", 9, B, 9, D))) is None  # any N
+
+
+@pytest.mark.parametrize("dtype, n, B, H, D, kind", [
+    ("bfloat16", 2, 3, 4, 128, "blocks"), ("float16", 4, 300, 8, 64, "whole"),
+    ("float32", 3, 300, 6, 62, "slices")])
+def test_one_test_twin_gives_the_combines_bits(monkeypatch, dtype, n, B, H, D, kind):
+    """``benchmarks/one_test_ab.py``: the twin of each combine for exactly N (a block a
+    row, slices that rows fill, slices that they do not) is other code than the
+    library's and gives its bits, with NaN and infinite partials, a NaN LSE, a token
+    empty on every shard, a row empty on one shard and a wide LSE spread; and the
+    library's factories are left as they were."""
+    from pathlib import Path
+
+    from cupy_dcp.kernels import _blocks, _slices, combine
+    from cupy_dcp.kernels._arrays import kernel_array
+    from cupy_dcp.kernels._cache import code_fingerprint
+    from cupy_dcp.reference import pack_reference
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import one_test_ab  # as its command line runs it: beside exact_cost and word_floor
+
+    dt = as_dtype(dtype)
+    rng = np.random.default_rng(B + n + D)
+    x = rng.standard_normal((n, B, H // n, D)).astype(np.float32)
+    x[0, 0, 0, 1], x[1, B - 1, H // n - 1, 2], x[n - 1, 1, 0, 0] = np.nan, np.inf, -np.inf
+    lse = rng.uniform(-30, 30, (n, B, H // n)).astype(np.float32)
+    lse[0, 0, 0] = np.nan
+    lse[:, B - 1, 0] = -np.inf  # a token's row empty on every shard
+    lse[1, 1, 1] = -np.inf  # a row empty on one shard: the path with a branch a shard,
+    x[1, 1, 1, 0] = np.nan  # whose NaN the sums must skip
+    lse[0, 0, 1], lse[n - 1, 0, 1] = 3000.0, 2950.0
+    recv = np.stack([pack_reference(x[r].astype(dt), lse[r], 1)[0] for r in range(n)])
+    sums = (_slices.shard_sums, _blocks.shard_sums)
+    outputs = []
+    for use_twin in (False, True):
+        out = np.zeros((B, H // n, D), dt)
+        out_lse = np.zeros((B, H // n), np.float32)
+        launch = combine.combine_launch(dt, kernel_array(recv.copy(), recv.dtype),
+                                        kernel_array(out, combine.combine_codec(dt)[1]),
+                                        kernel_array(out_lse, np.float32), True)
+        kernel, grid, block, args = launch
+        if use_twin:
+            found, twin = one_test_ab.twin(launch, dt, n)
+            assert found == kind
+            assert code_fingerprint(twin._dispatcher) != code_fingerprint(kernel._dispatcher)
+            kernel = twin
+        kernel(grid, block, 0, args)
+        outputs.append((out.view(np.uint8), out_lse.view(np.uint32)))
+    assert (_slices.shard_sums, _blocks.shard_sums) == sums
+    assert np.array_equal(outputs[0][0], outputs[1][0])
+    assert np.array_equal(outputs[0][1], outputs[1][1])
