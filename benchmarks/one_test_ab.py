@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from exact_cost import arguments, floor_launches  # run as a script: benchmarks/ on the path
-from word_floor import word_copy
+from word_floor import word_launch
 
 # issue 27's cells (and a few more at B <= 32), then the 4096-warp cells at B = 512
 CELLS = [
@@ -132,7 +132,6 @@ def main():
     args, cells = arguments(__doc__.splitlines()[0], CELLS)
     import cupy
 
-    from cupy_dcp._floors import in_flight
     from cupy_dcp._kernel_bench import _interleaved_us
     from cupy_dcp.kernels import combine as C
     from cupy_dcp.kernels._arrays import kernel_array
@@ -169,10 +168,8 @@ def main():
                         and (out_lse.view(cupy.uint32) == want[1]).all())
             nread, nwritten = recv.nbytes, out.nbytes + out_lse.nbytes
             floors = floor_launches(cupy, nread, nwritten, grid, block)
-            _, blocks, _, floor_args = floors["copy"]
             us = _interleaved_us(cupy, stream, {
-                "empty": floors["empty"],
-                "words": (word_copy(in_flight(nread, nwritten)), blocks, block, floor_args),
+                "empty": floors["empty"], "words": word_launch(floors, nread, nwritten),
                 "kernel": launch, "twin": (other, grid, block, kargs)},
                 args.rounds, args.calls, args.reps)
             r = us["twin"] / us["kernel"]

@@ -28,7 +28,7 @@ from numba import cuda
 from numba.core import types
 
 from exact_cost import arguments, floor_launches
-from word_floor import word_copy
+from word_floor import word_launch
 
 # the combine's 4096-warp cells at B = 512, the same shapes at B = 2048, two small ones
 CELLS = [("bfloat16", 2, 512, 64, 128), ("bfloat16", 4, 512, 64, 128),
@@ -108,7 +108,6 @@ def main():
     args, cells = arguments(__doc__.splitlines()[0], CELLS)
     import cupy
 
-    from cupy_dcp._floors import in_flight
     from cupy_dcp._kernel_bench import _case_kernels, _interleaved_us
 
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -128,10 +127,8 @@ def main():
                 continue
             _, grid, block, _ = launch
             floors = floor_launches(cupy, nread, nwritten, grid, block)
-            _, blocks, _, floor_args = floors["copy"]
             us = _interleaved_us(cupy, stream, {
-                "empty": floors["empty"],
-                "words": (word_copy(in_flight(nread, nwritten)), blocks, block, floor_args),
+                "empty": floors["empty"], "words": word_launch(floors, nread, nwritten),
                 "rows": rows[0], "kernel": launch}, args.rounds, args.calls, args.reps)
             print(f"{label:<27} {us['empty']:6.2f} {us['words']:6.2f} {us['rows']:6.2f} "
                   f"{us['kernel']:6.2f}  {us['rows'] / us['words']:10.3f} "

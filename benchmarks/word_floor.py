@@ -81,6 +81,15 @@ def word_copy(in_flight):
     return SpecializedKernel(floor_word_copy, floor_argtypes())
 
 
+
+def word_launch(floors, read_bytes, written_bytes):
+    """The words' copy of ``read_bytes`` read and ``written_bytes`` written, launched as
+    ``floors["copy"]`` is (``exact_cost.floor_launches``: the same blocks and buffers)."""
+    from cupy_dcp._floors import in_flight
+
+    _, blocks, block, floor_args = floors["copy"]
+    return word_copy(in_flight(read_bytes, written_bytes)), blocks, block, floor_args
+
 def main():
     import argparse
     import sys
@@ -102,7 +111,6 @@ def main():
 
     import cupy
 
-    from cupy_dcp._floors import in_flight
     from cupy_dcp._kernel_bench import _case_kernels, _interleaved_us, copy_bandwidth
 
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -119,11 +127,10 @@ def main():
                     continue
                 _, grid, block, _ = launch
                 floors = floor_launches(cupy, nread, nwritten, grid, block)
-                _, blocks, _, floor_args = floors["copy"]  # the words move the same buffers
-                words = (word_copy(in_flight(nread, nwritten)), blocks, block, floor_args)
                 us = _interleaved_us(cupy, stream, {
                     "kernel": launch, "empty": floors["empty"], "quads": floors["copy"],
-                    "words": words}, args.rounds, args.calls, args.reps)
+                    "words": word_launch(floors, nread, nwritten)},
+                    args.rounds, args.calls, args.reps)
                 pct = {k: 100 * (nread + nwritten) / us[k] / 1e3 / vector_gbs
                        for k in ("quads", "words", "kernel")}
                 dtype_name, n, B, H, D = cell
