@@ -49,6 +49,13 @@ def one_test_sums(codec, shards, per, weigh):
     accumulators = 2 * per
 
     @inline_device
+    def add_shard(buf, acc, w, r):
+        for k in range(per):
+            acc[k] += w * decode_lo(buf[r * per + k])
+            if pairs:
+                acc[per + k] += w * decode_hi(buf[r * per + k])
+
+    @inline_device
     def sum_shards(buf, lses, weights, acc, base_e):
         m, total = weigh(lses, weights, shards, base_e)
         for k in range(accumulators):
@@ -58,19 +65,11 @@ def one_test_sums(codec, shards, per, weigh):
             every = every & (weights[r] != zero)
         if every:  # one test a row: the N shards' sums with no branch
             for r in range(shards):
-                w = weights[r]
-                for k in range(per):
-                    acc[k] += w * decode_lo(buf[r * per + k])
-                    if pairs:
-                        acc[per + k] += w * decode_hi(buf[r * per + k])
-        else:
+                add_shard(buf, acc, weights[r], r)
+        else:  # the library's path: an empty shard adds exactly 0, even NaN
             for r in range(shards):
-                w = weights[r]
-                if w != zero:
-                    for k in range(per):
-                        acc[k] += w * decode_lo(buf[r * per + k])
-                        if pairs:
-                            acc[per + k] += w * decode_hi(buf[r * per + k])
+                if weights[r] != zero:
+                    add_shard(buf, acc, weights[r], r)
         return m, total
 
     return sum_shards
@@ -91,25 +90,27 @@ def twin(launch, dtype, n):
     if len(args) == 12:  # a block a row: d_count is its tenth argument
         d = args[9]
         kind, module = "blocks", _blocks
-        build = lambda: _blocks.blocks_kernel.__wrapped__(  # noqa: E731
-            codec, n, C.block_values(d), False, C.block_threads(d))
+        factory = _blocks.blocks_kernel.__wrapped__
+        factory_args = (codec, n, C.block_values(d), False, C.block_threads(d))
     elif len(args) == 10:
         d = args[2].shape[2]
         group, unroll, _ = C._combine_shape(d, args[2].shape[0] * args[2].shape[1], n)
         whole = len(C._sliced(d, group, n, unroll)) > 3
         kind, module = ("whole" if whole else "slices"), _slices
-        build = lambda: _slices.slices_kernel.__wrapped__(  # noqa: E731
-            codec, n, group, unroll, 0, whole)
+        factory = _slices.slices_kernel.__wrapped__
+        factory_args = (codec, n, group, unroll, 0, whole)
     else:
         return None
     saved = module.shard_sums
     module.shard_sums = one_test_sums
-    _blocks._row_combiner.cache_clear()
+    if module is _blocks:  # its row combiners are cached apart from its kernels
+        _blocks._row_combiner.cache_clear()
     try:
-        built = build()
+        built = factory(*factory_args)
     finally:
         module.shard_sums = saved
-        _blocks._row_combiner.cache_clear()
+        if module is _blocks:
+            _blocks._row_combiner.cache_clear()
     return kind, SpecializedKernel(built, kernel.argtypes)
 
 
