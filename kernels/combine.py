@@ -18,9 +18,10 @@ registers): ``_blocks``, a block of up to 128 threads per row with no loop, wher
 :func:`by_blocks` allows (few rows, or rows long enough that each thread
 moves several values); else ``_slices``, each row split over the grid's y,
 each lane moving as many values as :func:`combine_unroll` gives (about
-:data:`LANE_LOADS` in all, fewer for few rows, more at N = 8 for many),
-rows mapped to the grid by ``_rows.tile_grid``. For any other N, one that
-walks the shards two at a time.
+:data:`LANE_LOADS` in all, fewer for few rows, more from N = 8 on for many),
+rows mapped to the grid by ``_rows.tile_grid``. For any other N (past
+:data:`MAX_STATIC_SHARDS`), one that walks the shards two at a time, each pair's
+loads after the previous pair's sums: correct at any N, but several times slower.
 """
 
 import functools
@@ -184,7 +185,7 @@ def _combine_kernel(codec, group=WARP, unroll=UNROLL):
     return combine
 
 
-MAX_STATIC_SHARDS = 8  # up to this N the combine is built for its N (every shard loaded first)
+MAX_STATIC_SHARDS = 16  # up to this N the combine is built for its N (every shard loaded first)
 SLICED_UNROLL = 2  # the fewest values a lane and shard of the combine for its N
 LANE_LOADS = 16  # the values a lane of the combine for its N loads, over every shard
 FEW_WARPS = 256  # a combine for its N launched as fewer warps moves fewer values a lane
@@ -295,7 +296,7 @@ def combine_unroll(elements, rows, shards):
     ``rows`` rows of ``elements`` values (words in pairs).
 
     The most that keeps a lane's loads within :data:`LANE_LOADS` (N = 2: 8,
-    N = 4: 4, N = 8: 2), halved (to :data:`SLICED_UNROLL` at least) while the
+    N = 4: 4, N = 8: 2; past 8, :data:`SLICED_UNROLL`, beyond them), halved (to :data:`SLICED_UNROLL` at least) while the
     launch would have fewer than :data:`FEW_WARPS` warps, so that few rows
     spread over more lanes; but where it would have :data:`MANY_WARPS` or
     more, the combine streams, and each lane moves at least

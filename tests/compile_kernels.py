@@ -5,7 +5,7 @@ Run: python tests/compile_kernels.py [MAJOR MINOR] [--check-fingerprints | --wri
 
 Numba types a kernel only when it compiles it, and CI has no GPU: a typing
 error in a kernel would reach main unseen. This compiles each kernel that the
-plans can launch (every dtype, both combine lane groups, N = 2 and 3, the
+plans can launch (every dtype, both combine lane groups, N = 2, 3, 8 and 16, the
 direct kernel in tiles, word by word and in lines, launched plain and as a programmatic
 dependent, traced) for the given compute capability, through NVVM alone.
 It needs NVVM and NVRTC (``numba-cuda[cu12]`` or ``[cu13]``, or the
@@ -120,7 +120,7 @@ def kernels():
                     agrs.vector_correct_kernel(dtype, group, unroll))
         if dtype.itemsize == 2:  # 16-bit values combined in pairs
             add(f"combine {dtype} pairs", combine.combine_kernel(dtype, True))
-        for shards in (2, 3, 8):  # the combine built for its N (every shard loaded first)
+        for shards in (2, 3, 8, 16):  # the combine built for its N (every shard loaded first)
             for unroll in combine._unrolls(shards):  # each that it can launch
                 suffix = {combine.UNROLL: "", combine.SLICED_UNROLL: " sliced"}.get(
                     unroll, f" unroll {unroll}")
@@ -131,7 +131,7 @@ def kernels():
                     if dtype.itemsize == 2:
                         add(f"combine {dtype} pairs N={shards}{what}",
                             combine.combine_kernel(dtype, True, 32, shards, unroll, *whole))
-        for shards, per in ((2, 2), (3, 3), (8, 4)):  # a block a row: values a thread
+        for shards, per in ((2, 2), (3, 3), (8, 4), (16, 2)):  # a block a row: values a thread
             for signed in (False, True):
                 suffix = f"N={shards} block a row, {per} a thread{' signed' if signed else ''}"
                 add(f"combine {dtype} {suffix}",

@@ -77,7 +77,7 @@ def test_a2a_variants():
     assert len(a2a_tasks(np.dtype(np.float16), 512)) == 7
     assert len(a2a_tasks(np.dtype(np.float16), 511)) == 3  # an odd D: by 16 bits, wide
     assert len(a2a_tasks(np.dtype(np.float32), 512)) == 5  # wide rows: as quads and not
-    # N from 2 to 8: the combine for its N, one for each number of values a lane that
+    # N from 2 to 16: the combine for its N, one for each number of values a lane that
     # it can move (combine_unroll: N = 2: 8, 4, 2; N = 8: 4, 2), and where a row fits
     # a block's step (at most 32 loads a thread) the signed one with a block a row
     assert len(a2a_tasks(BF16, 512, 2)) == 10
@@ -97,7 +97,8 @@ def test_a2a_variants():
     assert all(c.args[5:] == (False, False, True) for c in sliced)
     blocks = [c.args[2:] for c in tasks[2:] if len(c.args) > 5 and c.args[5]]
     assert blocks == [(128, 2, 2, True, True)]  # 256 words: 2 a thread; signed, as plans call
-    assert len(a2a_tasks(BF16, 512, 9)) == 7  # past 8: the combine for any N
+    assert len(a2a_tasks(BF16, 512, 16)) == 9  # N = 16: 4 and 2 a lane, 2 a thread of a block
+    assert len(a2a_tasks(BF16, 512, 17)) == 7  # past 16: the combine for any N
     masked, unmasked, *combines = tasks  # functools.partial: their arguments
     assert masked.args[3] and not unmasked.args[3]
     assert masked.args[0] == unmasked.args[0] == np.uint32 and all(c.args[1] for c in combines)

@@ -121,10 +121,12 @@ def test_combine_matches_reference(dtype, d, base_e, loads, monkeypatch):
 # as the library picks): few rows of words, 4 float32 values a thread, short rows (64
 # words: a block of two warps). A 4096-warp launch (N = 8, B = 512): it streams, four
 # word pairs a lane and shard, over rows that fill its slices (combine.whole_slices).
+# N = 16: a block a row of two words a thread; rows split over warps, whole slices.
 DECODE_CELLS = [("bfloat16", 4, 1, 128, 512, 2), ("bfloat16", 8, 1, 128, 512, 2),
                 ("float32", 2, 32, 128, 512, 4), ("float32", 2, 1, 128, 512, 2),
                 ("bfloat16", 2, 1, 128, 512, 0), ("float32", 8, 32, 128, 512, 0),
-                ("bfloat16", 8, 32, 32, 128, 0), ("bfloat16", 8, 512, 64, 128, 4)]
+                ("bfloat16", 8, 32, 32, 128, 0), ("bfloat16", 8, 512, 64, 128, 4),
+                ("bfloat16", 16, 1, 128, 512, 0), ("bfloat16", 16, 32, 64, 128, 2)]
 
 
 @pytest.mark.parametrize("cell", DECODE_CELLS, ids=lambda c: "-".join(map(str, c[:6])))
@@ -187,12 +189,14 @@ def test_combine_of_rows_past_a_grid_of_slices_matches_reference(dtype, n, d):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", ["spread_e80", "near_3000", "head_major", "no_lse", "n5"])
+@pytest.mark.parametrize("case", ["spread_e80", "near_3000", "head_major", "no_lse", "n5",
+                                  "n16", "n17"])
 def test_combine_adversarial(dtype, case):
+    """N = 3, 5 and 16 (the combine for its N), 17 (the combine for any N)."""
     to_device, to_host = cupy_io()
     kwargs = {"spread_e80": dict(spread=80.0), "near_3000": dict(lse_center=3000.0, spread=3.0),
               "head_major": dict(head_major=True), "no_lse": dict(return_lse=False)}.get(case, {})
-    n = 5 if case == "n5" else 3
+    n = int(case[1:]) if case[0] == "n" and case[1:].isdigit() else 3
     check_combine(to_device, to_host, dtype, n, 33, 4, 576, np.random.default_rng(3), **kwargs)
 
 

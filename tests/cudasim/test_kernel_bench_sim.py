@@ -204,7 +204,7 @@ def test_whole_slices_ab_launches_the_library_and_its_guarded_twin(monkeypatch):
     assert [tuple(launches[k][1]) for k in launches] == [tuple(launches["whole"][1])] * 2
     assert whole_slices_ab._launches(np, ("float32", n, 3, H, D)) is None  # a block a row
     assert whole_slices_ab._launches(np, ("float32", n, B, H, D - 2)) is None  # 62 values
-    assert whole_slices_ab._launches(np, ("float32", 9, B, 9, D)) is None  # any N
+    assert whole_slices_ab._launches(np, ("float32", 17, B, 17, D)) is None  # any N
     assert combine.whole_slices is library
 
 
@@ -239,7 +239,7 @@ def test_row_floor_loads_as_the_combine_and_stores_the_xor_of_its_rows(monkeypat
     assert np.array_equal(dst.reshape(expect.shape), expect)
     assert row_floor.row_launch(np, combine_of((dtype, n, 3, H, D))) is None  # a block a row
     assert row_floor.row_launch(np, combine_of(("float32", n, B, H, D - 2))) is None  # 62
-    assert row_floor.row_launch(np, combine_of(("float32", 9, B, 9, D))) is None  # any N
+    assert row_floor.row_launch(np, combine_of(("float32", 17, B, 17, D))) is None  # any N
 
 
 @pytest.mark.parametrize("dtype, n, B, H, D, kind", [
@@ -291,3 +291,50 @@ def test_one_test_twin_gives_the_combines_bits(monkeypatch, dtype, n, B, H, D, k
     assert (_slices.shard_sums, _blocks.shard_sums) == sums
     assert np.array_equal(outputs[0][0], outputs[1][0])
     assert np.array_equal(outputs[0][1], outputs[1][1])
+
+
+@pytest.mark.parametrize("dtype, streams", [("bfloat16", False), ("float32", True)])
+def test_many_shards_ab_launches_the_combine_for_any_n_and_for_its_n(monkeypatch, dtype,
+                                                                    streams):
+    """``benchmarks/many_shards_ab.py`` at N = 16: ``any`` is the kernel for any N
+    (no flat views), ``own`` the one built for 16 shards, and where ``own`` streams
+    ``fewer`` moves ``SLICED_UNROLL`` values a lane; all give the same bits (NaN and
+    infinite partials, a NaN LSE, a token empty on every shard), and the library's
+    switches are left as they were."""
+    from pathlib import Path
+
+    from cupy_dcp.kernels import combine
+    from cupy_dcp.reference import pack_reference
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import many_shards_ab  # as its command line runs it: beside exact_cost and word_floor
+
+    monkeypatch.setattr(combine, "by_blocks", lambda *shape: False)  # rows split over warps
+    monkeypatch.setattr(combine, "MANY_WARPS", 0 if streams else 1 << 40)
+    switches = combine.MAX_STATIC_SHARDS, combine.STREAM_UNROLL
+    n, B, H, D = 16, 3, 32, 12
+    dt = as_dtype(dtype)
+    rng = np.random.default_rng(n + D)
+    x = rng.standard_normal((n, B, H // n, D)).astype(np.float32)
+    x[2, 1, 0, 3], x[3, 0, 1, 0] = np.nan, np.inf
+    lse = rng.uniform(-30, 30, (n, B, H // n)).astype(np.float32)
+    lse[0, 1, 1] = np.nan
+    lse[:, 0, :] = -np.inf  # a token empty on every shard
+    recv = np.stack([pack_reference(x[r].astype(dt), lse[r], 1)[0] for r in range(n)])
+    out = np.zeros((B, H // n, D), dt)
+    out_lse = np.zeros((B, H // n), np.float32)
+    made = many_shards_ab.launches(np, dt, n, recv, out, out_lse)
+    assert (combine.MAX_STATIC_SHARDS, combine.STREAM_UNROLL) == switches
+    assert set(made) == ({"any", "own", "fewer"} if streams else {"any", "own"})
+    assert len(made["any"][3]) == 8 and len(made["own"][3]) == 10  # flat views: its N
+    got = {}
+    for name, (kernel, grid, block, args) in made.items():
+        out[...] = 0
+        out_lse[...] = 0
+        kernel(grid, block, 0, args)
+        got[name] = (out.view(np.uint8).copy(), out_lse.view(np.uint32).copy())
+    for name in made:
+        assert np.array_equal(got[name][0], got["any"][0]), name
+        assert np.array_equal(got[name][1], got["any"][1]), name
+    assert np.isneginf(got["any"][1].view(np.float32)[0]).all()  # empty on every shard
+    assert np.isfinite(got["any"][1].view(np.float32)[1]).all()

@@ -153,7 +153,7 @@ def test_kernels_whose_blocks_loop_over_tokens(dtype, d, monkeypatch):
         for layout in PACK_LAYOUTS:  # a masked trip of two rows reads through the strides
             check_pack(ident, host, dtype, 2, b, 4, d, rng, strided=layout, masked=True)
         check_combine(ident, host, dtype, 2, b, 2, d, rng)
-        check_combine(ident, host, dtype, 9, b, 1, d, rng)  # the combine for any N
+        check_combine(ident, host, dtype, 17, b, 1, d, rng)  # the combine for any N
     check_agrs(ident, host, dtype, 2, 3, 2, d, rng)
 
 
@@ -574,7 +574,7 @@ def _combine_bits(dtype, recv, layout="rows"):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("n", [2, 3, 5, 8])
+@pytest.mark.parametrize("n", [2, 3, 5, 8, 12, 16])
 @pytest.mark.parametrize("d, loads", [(10, "most"), (10, "fewest"), (150, "most"),
                                       (150, "fewest")])
 def test_combine_for_its_n_is_the_combine_for_any_n_bit_for_bit(dtype, n, d, loads,
@@ -703,13 +703,13 @@ def test_combine_in_blocks_of_two_warps_gives_the_bits_of_blocks_of_four(dtype, 
 
 
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if np.dtype(d).itemsize == 2], ids=str)
-@pytest.mark.parametrize("n", [2, 3, 9])
+@pytest.mark.parametrize("n", [2, 3, 16, 17])
 @pytest.mark.parametrize("blocks", [True, False], ids=["block_a_row", "rows_split"])
 def test_combine_in_word_pairs_gives_the_bits_of_the_combine_by_value(dtype, n, blocks,
                                                                       monkeypatch):
     """16-bit outputs combine two values a word where the rows allow it: the same bits
     as value by value (an output that starts 2 bytes into its buffer), NaN, +-inf and
-    a token empty everywhere included; a block a row or rows split over warps (N = 9:
+    a token empty everywhere included; a block a row or rows split over warps (N = 17:
     the combine for any N either way)."""
     from cupy_dcp.kernels import combine
     from cupy_dcp.kernels._arrays import kernel_array
@@ -735,7 +735,7 @@ def test_combine_in_word_pairs_gives_the_bits_of_the_combine_by_value(dtype, n, 
             dtype, kernel_array(recv, bits), kernel_array(out, value),
             kernel_array(np.zeros((b, hn), np.float32), np.float32), True)
         assert (args[0].dtype == np.uint32) == (offset == 0)
-        assert (grid == (hn, b, 1)) == (blocks and n <= 8)  # a block a row: (H/N, B)
+        assert (grid == (hn, b, 1)) == (blocks and n <= combine.MAX_STATIC_SHARDS)  # (H/N, B)
         kernel(grid, block, 0, args)
         outs.append(out.view(bits).copy())
     np.testing.assert_array_equal(outs[0], outs[1])
@@ -744,7 +744,7 @@ def test_combine_in_word_pairs_gives_the_bits_of_the_combine_by_value(dtype, n, 
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("n", [2, 3, 5, 8])
+@pytest.mark.parametrize("n", [2, 3, 5, 8, 16])
 @pytest.mark.parametrize("d", [1, 10, 150, 300])
 def test_combine_a_block_a_row_gives_the_bits_of_the_sliced_combine(dtype, n, d,
                                                                     monkeypatch):
@@ -827,7 +827,7 @@ def test_combine_past_32_bit_offsets_splits_rows(dtype, monkeypatch):
 
 
 def test_combine_runs_a_block_a_row_only_where_it_fits():
-    """``by_blocks``: for N from 2 to 8, a row in one step of at most ``BLOCK_LOADS``
+    """``by_blocks``: for N from 2 to 16, a row in one step of at most ``BLOCK_LOADS``
     loads a thread, the tokens within a grid's y, and few rows or long ones; the
     block's threads and each thread's values."""
     from cupy_dcp.kernels import combine
@@ -844,6 +844,7 @@ def test_combine_runs_a_block_a_row_only_where_it_fits():
     assert by_blocks(512, 32, 2048, 2)  # many rows of 4 values a thread (fp32 D = 512)
     assert by_blocks(512, 32, 512, 8)  # 8 shards of 4: 32 loads a thread
     assert not by_blocks(1024, 1, 64, 8)  # 64 loads a thread
+    assert by_blocks(256, 1, 64, 16) and not by_blocks(512, 1, 64, 16)  # 32 loads, 64
     assert not by_blocks(256, 1, 64, 0)  # the combine for any N
     assert not by_blocks(64, combine.MAX_GRID_Z + 1, 1 << 20, 2)  # tokens past a grid's y
     assert not by_blocks(64, 4096, 16384, 2)  # 2048 tokens of D = 128: split over warps
