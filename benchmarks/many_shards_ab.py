@@ -20,11 +20,9 @@ of ``--calls`` calls, the median of ``--reps`` replays, interleaved over
 ``--rounds`` rounds; then the geometric mean of own / any.
 """
 
-import math
-
-from exact_cost import arguments, floor_launches  # run as a script: benchmarks/ on the path
-from one_test_ab import received
-from word_floor import word_launch
+from exact_cost import arguments  # run as a script: benchmarks/ on the path
+from one_test_ab import cell_buffers, geometric_mean, output_bits, same_bits
+from word_floor import word_floors
 
 # (dtype, N, B, H, D): heads a rank H/N of 2 to 8
 CELLS = [
@@ -86,24 +84,15 @@ def main():
         for dtype_name, n, B, H, D in cells:
             label = f"{dtype_name} N={n} B={B} {H}x{D}"
             dtype = as_dtype(dtype_name)
-            recv = received(cupy, dtype, n, B, H, D)
-            out = cupy.zeros((B, H // n, D), dtype=dtype)
-            out_lse = cupy.zeros((B, H // n), dtype=cupy.float32)
+            recv, out, out_lse = cell_buffers(cupy, dtype, n, B, H, D)
             made = launches(cupy, dtype, n, recv, out, out_lse)
-            bits = {}
-            for name, (kernel, grid, block, kargs) in made.items():
-                out[...] = 0
-                out_lse[...] = 0
-                kernel(grid, block, stream.ptr, kargs)
-                bits[name] = (out.view(cupy.uint8).copy(), out_lse.view(cupy.uint32).copy())
-            same = all(bool((a == b).all()) for name in made
-                       for a, b in zip(bits["any"], bits[name]))
+            bits = output_bits(cupy, stream, made, out, out_lse)
+            same = all(same_bits(bits, "any", name) for name in made)
             _, grid, block, _ = made["own"]
             nread, nwritten = recv.nbytes, out.nbytes + out_lse.nbytes
-            floors = floor_launches(cupy, nread, nwritten, grid, block)
             us = _interleaved_us(cupy, stream, {
-                "empty": floors["empty"], "words": word_launch(floors, nread, nwritten),
-                **made}, args.rounds, args.calls, args.reps)
+                **word_floors(cupy, nread, nwritten, grid, block), **made},
+                args.rounds, args.calls, args.reps)
             r = us["own"] / us["any"]
             ratios.append(r)
             fewer = (f"{us['fewer']:6.2f}", f"{us['fewer'] / us['own']:9.3f}") \
@@ -113,9 +102,7 @@ def main():
                   f"{us['own'] - us['empty']:9.2f} {us['own'] / us['words']:9.3f} {fewer[1]} "
                   f"{same!s:>5}  {tuple(grid)}x{tuple(block)}", flush=True)
     if ratios:
-        mean = math.exp(sum(map(math.log, ratios)) / len(ratios))
-        print(f"geometric mean own/any: {mean:.4f} over {len(ratios)} cells (min "
-              f"{min(ratios):.3f}, max {max(ratios):.3f})", flush=True)
+        print(geometric_mean("own/any", ratios), flush=True)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,8 @@ import math
 
 import numpy as np
 
-from exact_cost import arguments, floor_launches  # run as a script: benchmarks/ on the path
-from word_floor import word_launch
+from exact_cost import arguments  # run as a script: benchmarks/ on the path
+from word_floor import word_floors
 
 # issue 27's cells (and a few more at B <= 32), then the 4096-warp cells at B = 512
 CELLS = [
@@ -129,6 +129,37 @@ def received(xp, dtype, n, B, H, D):
     return xp.asarray(host.view(bits_dtype(dtype)))
 
 
+def cell_buffers(xp, dtype, n, B, H, D):
+    """``(recv, out, out_lse)`` of a combine of the cell: :func:`received` and zeroed
+    outputs ``[B, H/n, D]`` and ``[B, H/n]``."""
+    return (received(xp, dtype, n, B, H, D), xp.zeros((B, H // n, D), dtype=dtype),
+            xp.zeros((B, H // n), dtype=xp.float32))
+
+
+def output_bits(xp, stream, launches, out, out_lse):
+    """``{name: (output bytes, output LSE bits)}``: each of ``launches`` run once on
+    ``stream`` into the zeroed ``out`` and ``out_lse``."""
+    bits = {}
+    for name, (kernel, grid, block, args) in launches.items():
+        out[...] = 0
+        out_lse[...] = 0
+        kernel(grid, block, stream.ptr, args)
+        bits[name] = (out.view(xp.uint8).copy(), out_lse.view(xp.uint32).copy())
+    return bits
+
+
+def same_bits(bits, first, second):
+    """Whether :func:`output_bits`' ``first`` and ``second`` are the same bits."""
+    return all(bool((a == b).all()) for a, b in zip(bits[first], bits[second]))
+
+
+def geometric_mean(what, ratios):
+    """A line: the geometric mean of ``ratios``, named ``what``, with their range."""
+    mean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    return (f"geometric mean {what}: {mean:.4f} over {len(ratios)} cells (min "
+            f"{min(ratios):.3f}, max {max(ratios):.3f})")
+
+
 def main():
     args, cells = arguments(__doc__.splitlines()[0], CELLS)
     import cupy
@@ -148,9 +179,7 @@ def main():
         for dtype_name, n, B, H, D in cells:
             label = f"{dtype_name} N={n} B={B} {H}x{D}"
             dtype = as_dtype(dtype_name)
-            recv = received(cupy, dtype, n, B, H, D)
-            out = cupy.zeros((B, H // n, D), dtype=dtype)
-            out_lse = cupy.zeros((B, H // n), dtype=cupy.float32)
+            recv, out, out_lse = cell_buffers(cupy, dtype, n, B, H, D)
             launch = C.combine_launch(dtype, kernel_array(recv, bits_dtype(dtype)),
                                       kernel_array(out, C.combine_codec(dtype)[1]),
                                       kernel_array(out_lse, np.float32), True)
@@ -160,18 +189,11 @@ def main():
                 print(f"{label:<28} the combine for any N: skipped", flush=True)
                 continue
             kind, other = found
-            kernel(grid, block, stream.ptr, kargs)
-            want = (out.view(cupy.uint8).copy(), out_lse.view(cupy.uint32).copy())
-            out[...] = 0
-            out_lse[...] = 0
-            other(grid, block, stream.ptr, kargs)
-            same = bool((out.view(cupy.uint8) == want[0]).all()
-                        and (out_lse.view(cupy.uint32) == want[1]).all())
+            made = {"kernel": launch, "twin": (other, grid, block, kargs)}
+            same = same_bits(output_bits(cupy, stream, made, out, out_lse), "kernel", "twin")
             nread, nwritten = recv.nbytes, out.nbytes + out_lse.nbytes
-            floors = floor_launches(cupy, nread, nwritten, grid, block)
             us = _interleaved_us(cupy, stream, {
-                "empty": floors["empty"], "words": word_launch(floors, nread, nwritten),
-                "kernel": launch, "twin": (other, grid, block, kargs)},
+                **word_floors(cupy, nread, nwritten, grid, block), **made},
                 args.rounds, args.calls, args.reps)
             r = us["twin"] / us["kernel"]
             ratios.setdefault(kind, []).append(r)
@@ -180,9 +202,7 @@ def main():
                   f"{us['kernel'] - us['empty']:12.2f} {us['twin'] - us['empty']:10.2f} {same}",
                   flush=True)
     for kind, rs in ratios.items():
-        mean = math.exp(sum(map(math.log, rs)) / len(rs))
-        print(f"geometric mean {kind}: {mean:.4f} over {len(rs)} cells (min {min(rs):.3f}, "
-              f"max {max(rs):.3f})", flush=True)
+        print(geometric_mean(kind, rs), flush=True)
 
 
 if __name__ == "__main__":

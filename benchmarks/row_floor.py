@@ -27,8 +27,8 @@ import numpy as np
 from numba import cuda
 from numba.core import types
 
-from exact_cost import arguments, floor_launches
-from word_floor import word_launch
+from exact_cost import arguments
+from word_floor import word_floors
 
 # the combine's 4096-warp cells at B = 512, the same shapes at B = 2048, two small ones
 CELLS = [("bfloat16", 2, 512, 64, 128), ("bfloat16", 4, 512, 64, 128),
@@ -126,10 +126,9 @@ def main():
                 print(f"{label:<27} not the combine for its N on whole slices: skipped")
                 continue
             _, grid, block, _ = launch
-            floors = floor_launches(cupy, nread, nwritten, grid, block)
             us = _interleaved_us(cupy, stream, {
-                "empty": floors["empty"], "words": word_launch(floors, nread, nwritten),
-                "rows": rows[0], "kernel": launch}, args.rounds, args.calls, args.reps)
+                **word_floors(cupy, nread, nwritten, grid, block), "rows": rows[0],
+                "kernel": launch}, args.rounds, args.calls, args.reps)
             print(f"{label:<27} {us['empty']:6.2f} {us['words']:6.2f} {us['rows']:6.2f} "
                   f"{us['kernel']:6.2f}  {us['rows'] / us['words']:10.3f} "
                   f"{us['kernel'] / us['rows']:11.3f} {us['kernel'] / us['words']:12.3f}",

@@ -90,6 +90,20 @@ def word_launch(floors, read_bytes, written_bytes):
     _, blocks, block, floor_args = floors["copy"]
     return word_copy(in_flight(read_bytes, written_bytes)), blocks, block, floor_args
 
+
+def word_floors(cupy, read_bytes, written_bytes, grid, block, quads=False):
+    """``{"empty": launch, "words": launch}`` (and ``"quads"``, the 16-byte copy, where
+    ``quads``): the floors of a kernel launched on ``grid`` and ``block`` that reads
+    ``read_bytes`` and writes ``written_bytes`` (``exact_cost.floor_launches``, then
+    :func:`word_launch` on its blocks and buffers)."""
+    floors = floor_launches(cupy, read_bytes, written_bytes, grid, block)
+    made = {"empty": floors["empty"]}
+    if quads:
+        made["quads"] = floors["copy"]
+    made["words"] = word_launch(floors, read_bytes, written_bytes)
+    return made
+
+
 def main():
     import argparse
     import sys
@@ -126,10 +140,8 @@ def main():
                 if name not in kernels:
                     continue
                 _, grid, block, _ = launch
-                floors = floor_launches(cupy, nread, nwritten, grid, block)
                 us = _interleaved_us(cupy, stream, {
-                    "kernel": launch, "empty": floors["empty"], "quads": floors["copy"],
-                    "words": word_launch(floors, nread, nwritten)},
+                    "kernel": launch, **word_floors(cupy, nread, nwritten, grid, block, True)},
                     args.rounds, args.calls, args.reps)
                 pct = {k: 100 * (nread + nwritten) / us[k] / 1e3 / vector_gbs
                        for k in ("quads", "words", "kernel")}
