@@ -32,13 +32,15 @@ __all__ = ["a2a_tasks", "agrs_tasks", "build_shared", "direct_paths", "direct_re
 PATHS = ("tiles", "words", "lines")  # the order of a direct plan's residency list
 
 
-def a2a_tasks(dtype, head_dim, world_size=0, standalone=False):
+def a2a_tasks(dtype, head_dim, world_size=0, standalone=False, max_tokens=0):
     """The pack and combine kernels of a :class:`DcpA2APlan` of ``world_size`` ranks
     (0: the combine for any N); with ``standalone``, also those that ``pack_send`` and
     ``unpack_combine`` launch outside a plan (the pack a block row per token and the
-    combine a block a row, without a plan's trailer)."""
+    combine a block a row, without a plan's trailer). Calls of ``max_tokens`` tokens
+    or fewer: from ``_pack_tokens.STAGED_TOKENS_LEAST`` on, rows of words of one step
+    also take the pack by tokens staged through shared memory."""
     from .kernels.combine import combine_kernel, combine_variants, static_shards
-    from .kernels._pack_tokens import tokens_kernel
+    from .kernels._pack_tokens import STAGED_TOKENS_LEAST, tokens_kernel
     from .kernels.pack import pack_kernel, wide_rows
 
     dtype, D = np.dtype(dtype), int(head_dim)
@@ -62,8 +64,11 @@ def a2a_tasks(dtype, head_dim, world_size=0, standalone=False):
         tasks = [functools.partial(pack_kernel, np.dtype(bits), group, wide, masked, quads)
                  for quads in stores for masked in (True, False)]
         if not wide:  # (signed: the rows' blocks sign, or a lead plane of blocks does)
-            tasks += [functools.partial(tokens_kernel, np.dtype(bits), group, masked, *signs)
-                      for masked in (True, False)
+            staged = (False, True) if np.dtype(bits).itemsize == 4 and \
+                max_tokens >= STAGED_TOKENS_LEAST else (False,)
+            tasks += [functools.partial(tokens_kernel, np.dtype(bits), group, masked, *signs,
+                                        *((True,) if stage else ()))
+                      for stage in staged for masked in (True, False)
                       for signs in (((True, False), (True, True), (False, False)) if standalone
                                     else ((True, False), (True, True)))]
         return tasks

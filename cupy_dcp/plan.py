@@ -543,8 +543,8 @@ class DcpA2APlan(_Plan):
                         kernel_array(self._state, np.int64, "state"))
 
     def _warm_up(self, settings, device):
-        build_shared(self.comm, a2a_tasks(self.dtype, self.head_dim,
-                                                   self.comm.world_size))
+        build_shared(self.comm, a2a_tasks(self.dtype, self.head_dim, self.comm.world_size,
+                                          max_tokens=self.max_tokens))
 
     def _buffers(self, tokens):
         """Send and receive views for ``tokens`` tokens, built once per size."""

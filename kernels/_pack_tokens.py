@@ -21,6 +21,15 @@ block of its own signs, in one more plane along z dispatched before the rows'
 the threads of the first token's first rank's blocks load the trailer's words
 before their rows and write them after, where the rows of other blocks hide
 them (a plane of blocks more costs more there: ``benchmarks/NOTES.md``).
+
+The ``staged`` twin (rows of uint32 words, at many tokens: :func:`stages`, at any
+bytes) writes
+its rows into shared memory instead, and after a barrier the block copies its rows'
+span of the buffer, which is contiguous, out as aligned 16-byte quads (the words
+before the span's first quad boundary and after its last one alone): a quarter of
+the store instructions, each of whole sectors, where a row's group of lanes
+stores words of rows that start off a sector. Its loads, masks and trailer are the
+plain kernel's, and so are its bits.
 """
 
 import functools
@@ -32,11 +41,14 @@ from numba.core import types
 
 from ._format import LSE_HALF_BITS, LSE_HALF_MASK
 from ._launch import SpecializedKernel, array_type
-from ._rows import MAX_GRID_Z, MAX_REGISTERS, UNROLL, WARP
+from ._rows import (GROUPS, MAX_GRID_Z, MAX_REGISTERS, UNROLL, WARP, WARPS_PER_BLOCK,
+                    lanes_per_row)
 from ._trailer import CALL, TOKENS, WORDS
+from ._vector import QUAD, vector_functions
 
-__all__ = ["LEAD_MOST_BLOCKS", "TOKEN_BLOCKS_MOST", "TOKEN_BYTES_MOST", "by_tokens",
-           "signs_ahead", "tokens_kernel"]
+__all__ = ["LEAD_MOST_BLOCKS", "STAGED_TOKENS_LEAST", "STAGED_WARPS_LEAST", "STAGE_WORDS",
+           "TOKEN_BLOCKS_MOST", "TOKEN_BYTES_MOST", "by_tokens", "can_stage", "signs_ahead",
+           "stages", "tokens_kernel"]
 
 # This kernel takes at most TOKEN_BLOCKS_MOST tokens, or more where the input holds at
 # most TOKEN_BYTES_MOST bytes: beyond both, ``pack``'s kernels were as fast or faster in
@@ -47,6 +59,15 @@ TOKEN_BYTES_MOST = 8 << 20
 # H200 that saved 0.04-0.13 us a call up to 64 blocks and cost up to 0.35 us from 256
 # (``benchmarks/NOTES.md``, 2026-12-04, seventh).
 LEAD_MOST_BLOCKS = 64
+# The staged twin from this many tokens on, in blocks of at least this many warps (on an
+# H100 it ran 0.70-0.98x the plain kernel's time from 256 tokens in blocks of 2 and 4
+# warps, 1.05-1.21x in blocks of one: ``benchmarks/NOTES.md``, 2026-12-06, second).
+STAGED_TOKENS_LEAST = 256
+STAGED_WARPS_LEAST = 2
+# A block's staged rows: at most WARPS_PER_BLOCK warps of WARP // group rows of at most
+# group * UNROLL + 1 words (one step and the LSE word), and up to three words before the
+# span's first quad boundary, so that the shared words and the buffer agree modulo a quad.
+STAGE_WORDS = WARPS_PER_BLOCK * (WARP * UNROLL + WARP // GROUPS[0]) + QUAD - 1
 
 
 def by_tokens(data, grid, wide, most=None):
@@ -64,6 +85,27 @@ def by_tokens(data, grid, wide, most=None):
         grid[2] == tokens and data.span().shape[0] > 0
 
 
+def can_stage(data, send, recv, block):
+    """Whether the staged twin can pack ``data`` into ``send`` and ``recv``
+    (:class:`DeviceArray`, as the kernel moves them) in blocks of ``block``: rows of
+    uint32 words (16-bit values moved in pairs, or float32), both buffers 16-byte
+    aligned (as CuPy's allocations and a plan's are), a block's rows within
+    :data:`STAGE_WORDS`."""
+    rows = block[1] * (WARP // lanes_per_row(data.shape[2]))
+    return data.dtype.itemsize == 4 and send.ptr % 16 == 0 and recv.ptr % 16 == 0 and \
+        rows * send.shape[3] + QUAD - 1 <= STAGE_WORDS
+
+
+def stages(data, send, recv, grid, block, wide):
+    """Whether a pack of ``data`` on ``grid`` and ``block`` (``_rows.tile_grid``'s)
+    takes the staged twin: where it can (:func:`can_stage`), by tokens (rows of one
+    step read through a flat view, a token a block row: :func:`by_tokens` at any
+    bytes), at least :data:`STAGED_TOKENS_LEAST` tokens, blocks of at least
+    :data:`STAGED_WARPS_LEAST` warps."""
+    return data.shape[0] >= STAGED_TOKENS_LEAST and block[1] >= STAGED_WARPS_LEAST and \
+        by_tokens(data, grid, wide, MAX_GRID_Z) and can_stage(data, send, recv, block)
+
+
 def signs_ahead(grid):
     """Whether a signed pack on ``grid`` (:func:`by_tokens`'s) signs in a plane of its
     own (the ``lead`` twin of :func:`tokens_kernel`): at most :data:`LEAD_MOST_BLOCKS`
@@ -72,7 +114,7 @@ def signs_ahead(grid):
 
 
 @functools.cache
-def _tokens_kernel(group, half, masked, signed, lead=False):
+def _tokens_kernel(group, half, masked, signed, lead=False, staged=False):
     lead = lead and signed
     from .pack import lse_bits_steps  # (pack imports this module)
 
@@ -146,14 +188,102 @@ def _tokens_kernel(group, half, masked, signed, lead=False):
                 dst[end] = bits & lse_mask
                 dst[end + u64(1)] = (bits >> lse_shift) & lse_mask
 
+    if staged:
+        v = vector_functions()
+        load_quad, store_quad = v["load_quad"], v["store_quad"]
+        u_quad, quad_mask = u32(QUAD), u32(QUAD - 1)
+        # the shared words' first quad is 16-byte aligned (the simulator takes no alignment)
+        aligned = None if config.ENABLE_CUDASIM else 16
+        quad_floor = u32(~quad_mask)
+
+        @jit
+        def stage_row(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank,
+                      heads, width, d_count, s0, s1, chunk_tokens):
+            """``pack_row``'s row, through shared memory: the block's rows are one span
+            of the buffer (a token's rows ``x * R .. x * R + R - 1`` of one chunk, ``R``
+            the block's rows), gathered in ``stage`` at the span's offset modulo a quad,
+            then written out as aligned quads by every thread of the block."""
+            stage = cuda.shared.array(STAGE_WORDS, np.uint32, alignment=aligned)
+            tx = u32(cuda.threadIdx.x)
+            lane = u32(tx % u_group)
+            per_block = u32(u32(cuda.blockDim.y) * per_warp)
+            first_row = u32(u32(cuda.blockIdx.x) * per_block)
+            j = u32(u32(u32(cuda.threadIdx.y) * per_warp) + u32(tx // u_group))
+            h = u32(first_row + j)
+            hn = u32(heads)
+            r = u32(cuda.blockIdx.y)
+            b = u32(u32(cuda.blockIdx.z) - u32(1)) if lead else u32(cuda.blockIdx.z)
+            d, w = u32(d_count), u32(width)
+            span = u64(u32(u32(u32(r * u32(chunk_tokens)) + b) * hn) + first_row) * u64(w)
+            off = u32(u32(span) & quad_mask)
+            if h < hn:
+                head = u32(u32(r * hn) + h)
+                buf = cuda.local.array(UNROLL, send.dtype)
+                src = u64(b) * u64(s0) + u64(head) * u64(s1) + u64(lane)
+                whole = u32(lane + last) < d
+                if whole:
+                    for k in range(UNROLL):
+                        buf[k] = data[src + u64(k * group)]
+                else:
+                    for k in range(UNROLL):
+                        if u32(lane + u32(k * group)) < d:
+                            buf[k] = data[src + u64(k * group)]
+                first = lane == u32(0)
+                bits = np.uint32(0)
+                fetched = (np.uint32(0), (np.int64(0), np.int64(0), np.int64(0)))
+                if first:
+                    if masked:
+                        fetched = row_lse_fetch(lse_bits, b, head, seq_lens, query_start_loc,
+                                                num_seqs)
+                    else:
+                        bits = np.uint32(lse_bits[b, head])
+                row = u32(off + u32(j * w))
+                at = u32(row + lane)
+                if whole:
+                    for k in range(UNROLL):
+                        stage[at + u32(k * group)] = buf[k]
+                else:
+                    for k in range(UNROLL):
+                        if u32(lane + u32(k * group)) < d:
+                            stage[at + u32(k * group)] = buf[k]
+                if first:
+                    if masked:
+                        bits = row_lse_of(fetched, b, seq_lens, query_start_loc, num_seqs)
+                    stage[row + d] = bits  # (rows of words: the LSE is one word)
+            cuda.syncthreads()
+            dst = recv if self_rank >= 0 and np.int64(r) == self_rank else send
+            base = span - u64(off)  # the quad boundary at or before the span
+            end = u32(off + u32(u32(min(u32(hn - first_row), per_block)) * w))
+            quads = u32(u32(off + quad_mask) & quad_floor)  # the first quad boundary in it
+            stop = u32(end & quad_floor)  # the last
+            if stop < quads:  # no whole quad: every word alone
+                quads = stop = end
+            threads = u32(u32(cuda.blockDim.x) * u32(cuda.blockDim.y))
+            t = u32(u32(u32(cuda.threadIdx.y) * u32(cuda.blockDim.x)) + tx)
+            alone = u32(off + t)
+            if alone < quads:
+                dst[base + u64(alone)] = stage[alone]
+            alone = u32(stop + t)
+            if alone < end:
+                dst[base + u64(alone)] = stage[alone]
+            q = u32(quads + u32(t * u_quad))
+            while q < stop:
+                w0, w1, w2, w3 = load_quad(stage, q)
+                store_quad(dst, base + u64(q), w0, w1, w2, w3)
+                q = u32(q + u32(threads * u_quad))
+
+        row_of = stage_row
+    else:
+        row_of = pack_row
+
     limits = {} if config.ENABLE_CUDASIM else {"max_registers": MAX_REGISTERS}
 
     if not signed:
         @cuda.jit(**limits)
         def pack(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank,
                  heads, width, d_count, s0, s1, chunk_tokens):
-            pack_row(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
-                     self_rank, heads, width, d_count, s0, s1, chunk_tokens)
+            row_of(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
+                   self_rank, heads, width, d_count, s0, s1, chunk_tokens)
 
         return pack
 
@@ -192,8 +322,8 @@ def _tokens_kernel(group, half, masked, signed, lead=False):
             # The grid's z is B + 1: blocks z = b + 1 pack token b, and the first block
             # of z = 0 (dispatched first) signs every chunk meanwhile, off the rows' path
             if cuda.blockIdx.z != 0:
-                pack_row(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
-                         self_rank, heads, width, d_count, s0, s1, chunk_tokens)
+                row_of(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
+                       self_rank, heads, width, d_count, s0, s1, chunk_tokens)
                 return
             if cuda.blockIdx.x != 0 or cuda.blockIdx.y != 0:
                 return
@@ -227,8 +357,8 @@ def _tokens_kernel(group, half, masked, signed, lead=False):
             if t < words:
                 count = state[0]
                 word = np.uint32(signature[t % u_words])
-        pack_row(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank,
-                 heads, width, d_count, s0, s1, chunk_tokens)
+        row_of(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank,
+               heads, width, d_count, s0, s1, chunk_tokens)
         if t < words:
             sign(send, recv, self_rank, signature, state, heads, width, chunk_tokens,
                  u32(cuda.gridDim.z), t, t_step, words, count, word)
@@ -237,7 +367,7 @@ def _tokens_kernel(group, half, masked, signed, lead=False):
 
 
 @functools.cache
-def tokens_kernel(bits, group, masked=True, signed=False, lead=False):
+def tokens_kernel(bits, group, masked=True, signed=False, lead=False, staged=False):
     """This kernel for element bits ``bits`` (uint16 or uint32), ``group`` lanes a
     row, with a mask or without one (``masked``: one without reads no ``seq_lens``),
     and signing a plan's trailer (``signed``). Its arguments: ``data.span()`` (the
@@ -248,11 +378,16 @@ def tokens_kernel(bits, group, masked=True, signed=False, lead=False):
     (:meth:`DeviceArray.element_strides`) and ``B'``; ``signed``: then the plan's
     ``(signature, state)``. Launched on ``tile_grid(H/N, B, group, N)`` with its z
     equal to ``B`` (:func:`by_tokens`); ``lead`` (signed only): with one more plane
-    along z, the first, whose first block signs the chunks (:func:`signs_ahead`)."""
+    along z, the first, whose first block signs the chunks (:func:`signs_ahead`);
+    ``staged`` (uint32 only): the rows go out through shared memory as aligned quads
+    (:func:`stages`)."""
+    if staged and np.dtype(bits).itemsize != 4:
+        raise ValueError(f"the staged pack moves rows of uint32 words (got {np.dtype(bits)})")
     i64 = types.int64
     flat = array_type(bits, 1, True)
     index = array_type(np.int64, 1, True)
     argtypes = (flat, array_type(np.uint32, 2, False), index, index, i64, flat, flat, i64,
                 i64, i64, i64, i64, i64, i64) + ((index, index) if signed else ())
     return SpecializedKernel(_tokens_kernel(group, np.dtype(bits).itemsize == 2,
-                                            bool(masked), bool(signed), bool(lead)), argtypes)
+                                            bool(masked), bool(signed), bool(lead),
+                                            bool(staged)), argtypes)

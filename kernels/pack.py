@@ -31,7 +31,7 @@ from ._format import (LSE_HALF_BITS, LSE_HALF_MASK, WRITES_WHILE_READING, check_
                       check_rank)
 from ._launch import SpecializedKernel, array_type
 from ._math import NEG_INF_BITS
-from ._pack_tokens import by_tokens, signs_ahead, tokens_kernel
+from ._pack_tokens import by_tokens, can_stage, signs_ahead, stages, tokens_kernel
 from ._quad_rows import quad_row_packer
 from ._rows import MAX_GRID_Z, MAX_REGISTERS, UNROLL, WARP, lanes_per_row, tile_grid
 from ._specs import check_pack_args
@@ -540,7 +540,7 @@ def pack_send(out, lse, send, stream=None, seq_lens=None, query_start_loc=None,
 
 
 def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank,
-                signed=None, tokens=None):
+                signed=None, tokens=None, staged=None):
     """``(kernel, grid, block, args)`` of one pack: :class:`DeviceArray` arguments in,
     moved as uint32 words where the 16-bit data and both buffers allow it (the
     LSE's two lanes are then one word).
@@ -555,7 +555,10 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
     Rows of one step take a block row per token (``_pack_tokens``) where
     ``_pack_tokens.by_tokens`` allows; ``tokens`` (``True`` or ``False``) overrides
     that choice, for the benchmarks and tests (``True`` requires rows of one step
-    read through a flat view, and a grid whose z is ``B``).
+    read through a flat view, and a grid whose z is ``B``). At many tokens, rows of
+    words take it at any bytes, through shared memory (``_pack_tokens.stages``);
+    ``staged`` overrides that choice likewise (``True`` requires what
+    ``_pack_tokens.can_stage`` does).
     """
     send.require_c_contiguous("send")
     recv.require_c_contiguous("recv")
@@ -569,19 +572,29 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
     group = lanes_per_row(data.shape[2])
     grid, block = tile_grid(send.shape[2], data.shape[0], group, send.shape[0])
     wide = wide_rows(data.shape[2])
+    stage = bool(staged) if staged is not None else \
+        tokens is not False and stages(data, send, recv, grid, block, wide)
+    if tokens is None:
+        tokens = by_tokens(data, grid, wide) or stage
     if tokens and not by_tokens(data, grid, wide, MAX_GRID_Z):
         raise ValueError("a pack by tokens moves rows of one step, read through a flat "
                          "view, a token a block row")
-    if by_tokens(data, grid, wide) if tokens is None else tokens:
+    if tokens:
         signs = signed is not None and send.shape[1] > data.shape[0]
         lead = signs and signs_ahead(grid)
-        kernel = tokens_kernel(data.dtype, group, int(num_seqs) >= 0, signs, lead)
+        if stage and not can_stage(data, send, recv, block):
+            raise ValueError("a staged pack moves rows of uint32 words into 16-byte aligned "
+                             "buffers, a block's rows within _pack_tokens.STAGE_WORDS")
+        kernel = tokens_kernel(data.dtype, group, int(num_seqs) >= 0, signs, lead, stage)
         if lead:  # a plane of blocks before the rows': its first block signs
             grid = (grid[0], grid[1], grid[2] + 1)
         return kernel, grid, block, (
             data.span(), lse_bits, seq_lens, query_start_loc, int(num_seqs), send.flat(),
             recv.flat(), int(self_rank), send.shape[2], send.shape[3], data.shape[2],
             *data.element_strides(), send.shape[1]) + ((signature, state) if signs else ())
+    if stage:
+        raise ValueError("a staged pack is a pack by tokens (rows of one step, read "
+                         "through a flat view, a token a block row)")
     kernel = pack_kernel(data.dtype, group, wide, int(num_seqs) >= 0,
                          quad_rows(data, send, recv))
     return kernel, grid, block, (

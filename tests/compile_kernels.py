@@ -163,6 +163,15 @@ def kernels():
     add("floor copy", _floors.copy_kernel())
     for quads in (2, 4, 8):  # beside a kernel that reads N rows a row it writes
         add(f"floor copy {quads} in flight", _floors.copy_kernel(quads))
+    # Added last: Numba numbers device functions as they are made, and the PTX's order
+    # follows, so that kernels made earlier in the list would fingerprint otherwise
+    for masked in (True, False):  # rows of words staged through shared memory
+        for signed, lead in ((False, False), (True, False), (True, True)):
+            add(f"pack uint32 group 8 by tokens staged{'' if masked else ' unmasked'}"
+                f"{' signed' if signed else ''}{' lead' if lead else ''}",
+                _pack_tokens.tokens_kernel(np.dtype(np.uint32), 8, masked, signed, lead, True))
+    add("pack uint32 group 32 by tokens staged", _pack_tokens.tokens_kernel(
+        np.dtype(np.uint32), 32, True, False, False, True))
     return found
 
 

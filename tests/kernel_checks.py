@@ -93,8 +93,9 @@ def input_in_layout(to_device, x, strided):
 
 def check_pack_by_tokens(to_device, to_host, dtype, n, b, h, d, rng, strided=False,
                          masked=False, signed=False, self_rank=-1):
-    """The pack a block row per token (``_pack_tokens``) and the pack of ``pack``'s
-    kernels, each asked for by ``pack_launch(..., tokens=)``, write the same bits:
+    """The pack a block row per token (``_pack_tokens``), its staged twin where rows
+    are words, and the pack of ``pack``'s kernels, each asked for by
+    ``pack_launch(..., tokens=, staged=)``, write the same bits:
     ``pack_reference``'s rows (chunk ``self_rank`` into the receive buffer, the others
     into the send buffer, nothing else written but a plan's trailer) and, ``signed``,
     the same trailer words and call numbers. ``strided``: ``False`` or ``"heads_major"``
@@ -116,8 +117,11 @@ def check_pack_by_tokens(to_device, to_host, dtype, n, b, h, d, rng, strided=Fal
                  kernel_array(to_device(qsl), np.int64), len(seq_lens))
     signature = to_device(np.array([0x5DC97A11, 0, h, d, 2, 1, 0, 0], np.int64))
     expect = pack_reference(x, lse, n, mask=mask).view(bits)
+    ways = [dict(tokens=False), dict(tokens=True, staged=False)]
+    if np.dtype(dtype).itemsize == 4 or d % 2 == 0:  # rows of words: through shared memory
+        ways.append(dict(tokens=True, staged=True))
     got = []
-    for tokens in (False, True):
+    for way in ways:
         send = to_device(np.zeros((n, rows, h // n, width), bits))
         recv = to_device(np.zeros((n, rows, h // n, width), bits))
         state = to_device(np.array([41, 0], np.int64))
@@ -125,16 +129,17 @@ def check_pack_by_tokens(to_device, to_host, dtype, n, b, h, d, rng, strided=Fal
             if signed else None
         kernel, grid, block, args = pack_launch(
             kernel_array(dev_x, bits), kernel_array(dev_lse, np.uint32), *index,
-            kernel_array(send, bits), kernel_array(recv, bits), self_rank, sign, tokens=tokens)
+            kernel_array(send, bits), kernel_array(recv, bits), self_rank, sign, **way)
         kernel(grid, block, 0, args)
         got.append((to_host(send), to_host(recv), to_host(state)))
         send, recv, state = got[-1]
         for r in range(n):
             np.testing.assert_array_equal((recv if r == self_rank else send)[r, :b], expect[r])
-            assert not (send if r == self_rank else recv)[r].any(), (tokens, r)
-        assert state.tolist() == ([41, 41] if signed else [41, 0]), tokens
-    for way, other in zip(got[0], got[1]):
-        np.testing.assert_array_equal(way, other)
+            assert not (send if r == self_rank else recv)[r].any(), (way, r)
+        assert state.tolist() == ([41, 41] if signed else [41, 0]), way
+    for other in got[1:]:
+        for mine, theirs in zip(got[0], other):
+            np.testing.assert_array_equal(mine, theirs)
 
 
 def check_pack(to_device, to_host, dtype, n, b, h, d, rng, strided=False, lse_dtype=np.float32,

@@ -67,7 +67,7 @@ def test_unknown_blocks_count_every_reachable_path():
 
 
 def test_a2a_variants():
-    from cupy_dcp.kernels._pack_tokens import tokens_kernel
+    from cupy_dcp.kernels._pack_tokens import STAGED_TOKENS_LEAST, tokens_kernel
 
     # the pack with a mask and without one, and one combine: 16-bit data of an even D by
     # words and combined in pairs (the plan stages arrays that cannot be seen so), else by
@@ -90,6 +90,13 @@ def test_a2a_variants():
     alone = [c.args for c in a2a_tasks(BF16, 512, 2, standalone=True) if c.func is tokens_kernel]
     assert sorted(alone) == sorted(tokens + [(np.uint32, 32, True, False, False),
                                              (np.uint32, 32, False, False, False)])
+    # calls of STAGED_TOKENS_LEAST tokens or more: the same packs by tokens staged too
+    least = STAGED_TOKENS_LEAST
+    staged = [c.args for c in a2a_tasks(BF16, 512, 2, max_tokens=least) if c.func is tokens_kernel]
+    assert staged == tokens + [args + (True,) for args in tokens]
+    assert not [c for c in a2a_tasks(BF16, 512, 2, max_tokens=least - 1) if len(c.args) == 6 and
+                c.func is tokens_kernel]
+    assert len(a2a_tasks(np.dtype(np.float16), 511, max_tokens=4096)) == 3  # 16-bit: none
     tasks = [c for c in tasks if c.func is not tokens_kernel]
     sliced = [c for c in tasks[2:] if len(c.args) == 5 or not c.args[5]]  # not a block a row
     assert sorted(c.args[4] for c in sliced) == [2, 4, 8]

@@ -338,3 +338,33 @@ def test_many_shards_ab_launches_the_combine_for_any_n_and_for_its_n(monkeypatch
         assert np.array_equal(got[name][1], got["any"][1]), name
     assert np.isneginf(got["any"][1].view(np.float32)[0]).all()  # empty on every shard
     assert np.isfinite(got["any"][1].view(np.float32)[1]).all()
+
+
+@pytest.mark.parametrize("dtype, n, B, H, D", [("bfloat16", 2, 3, 72, 32), ("float32", 4, 2, 8, 7)])
+def test_pack_staged_ab_launches_three_packs_with_the_same_bits(monkeypatch, dtype, n, B, H, D):
+    """``benchmarks/pack_staged_ab.py``: ``pack``'s kernels, the pack by tokens and its
+    staged twin, plain, signed and masked, each the kernel it names, write the same
+    buffers and call numbers."""
+    from pathlib import Path
+
+    from cupy_dcp.kernels import _pack_tokens
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import pack_staged_ab
+
+    launches, buffers, (nread, nwritten) = pack_staged_ab.cell_launches(
+        np, np.random.default_rng(B), dtype, n, B, H, D)
+    assert set(launches) == {f"{w}_{m}" for w in pack_staged_ab.WAYS
+                             for m in pack_staged_ab.MODES}
+    assert nread == B * H * (D * (2 if dtype == "bfloat16" else 4) + 4)
+    for key, (kernel, grid, block, args) in launches.items():
+        staged = any(kernel is _pack_tokens.tokens_kernel(np.dtype(np.uint32), g, *flags, True)
+                     for g in (4, 8) for flags in ((False, False, False), (True, False, False),
+                                                   (False, True, True), (False, True, False)))
+        assert staged == key.startswith("stg"), key
+        kernel(grid, block, 0, args)
+    for mode in pack_staged_ab.MODES:
+        assert buffers[f"lib_{mode}"][0].any()
+        for way in ("tok", "stg"):
+            for mine, theirs in zip(buffers[f"lib_{mode}"], buffers[f"{way}_{mode}"]):
+                np.testing.assert_array_equal(mine, theirs)

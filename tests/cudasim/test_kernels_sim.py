@@ -37,13 +37,15 @@ def test_pack_bit_exact(dtype, shape):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(2, 3, 4, 1), (3, 4, 6, 7), (2, 3, 4, 72), (8, 3, 8, 33)],
+@pytest.mark.parametrize("shape", [(2, 3, 4, 1), (3, 4, 6, 7), (2, 3, 4, 72), (8, 3, 8, 33),
+                                   (2, 3, 72, 16)],
                          ids=lambda s: "N%dB%dH%dD%d" % s)
 def test_pack_by_tokens_writes_the_bits_of_the_other_packs(dtype, shape, monkeypatch):
-    """The pack a block row per token and ``pack``'s kernels: the reference's rows,
-    masked or not, rows unit-stride or heads-major, routed to the receive buffer or
-    not, with a plan's trailer or without (signed by a lead plane of blocks, as these
-    small grids are, or by the rows' blocks), the same bits."""
+    """The pack a block row per token, its staged twin and ``pack``'s kernels: the
+    reference's rows, masked or not, rows unit-stride or heads-major, routed to the
+    receive buffer or not, with a plan's trailer or without (signed by a lead plane of
+    blocks, as these small grids are, or by the rows' blocks), the same bits; the last
+    shape takes two blocks a token, each staging a span that starts off a quad."""
     from cupy_dcp.kernels import _pack_tokens
 
     rng = np.random.default_rng(sum(shape))
@@ -78,13 +80,57 @@ def test_pack_by_tokens_where_the_rule_allows():
 
     assert picked(1, 8, 64) and picked(256, 32, 128)
     big = _pack_tokens.TOKEN_BYTES_MOST // (4 * 64 * 128)  # tokens of 8 MiB at 64 x 128
-    assert picked(big, 64, 128) and not picked(big + 1, 64, 128)
+    assert picked(big, 64, 128) and not picked(big + 1, 64, 128, staged=False)
+    assert picked(big + 1, 64, 128)  # past those bytes, rows of words staged
     assert picked(_pack_tokens.TOKEN_BLOCKS_MOST + 1, 2, 8)  # few bytes
     assert not picked(4, 8, 600)  # rows of two steps
     assert not picked(4, 8, 64, "every_other")  # rows read through their strides
     assert not picked(4, 8, 64, tokens=False)
     with pytest.raises(ValueError, match="by tokens"):
         picked(4, 8, 64, "every_other", tokens=True)
+
+
+def test_pack_staged_where_the_rule_allows():
+    """A pack by tokens goes through shared memory from ``STAGED_TOKENS_LEAST`` tokens
+    of rows of words into 16-byte aligned buffers, in blocks of ``STAGED_WARPS_LEAST``
+    warps or more, at any bytes; asked for where it cannot, it says so."""
+    from cupy_dcp.kernels import _pack_tokens
+    from cupy_dcp.kernels._arrays import dummy_index, kernel_array
+    from cupy_dcp.kernels._rows import lanes_per_row
+    from cupy_dcp.kernels.pack import pack_launch
+
+    least = _pack_tokens.STAGED_TOKENS_LEAST
+
+    def staged(b, h, d, dtype=np.float32, shift=0, **kwargs):
+        x = np.zeros((b, h, d), dtype)
+        width = d + (1 if dtype == np.float32 else 2)
+        bits = np.uint32 if dtype == np.float32 else np.uint16
+        store = np.zeros(2 * b * (h // 2) * width + 8, bits)[shift:]
+        send = store[:2 * b * (h // 2) * width].reshape(2, b, h // 2, width)
+        kernel, grid, block, _ = pack_launch(
+            kernel_array(x, bits), kernel_array(np.zeros((b, h), np.float32), np.uint32),
+            dummy_index(), dummy_index(), -1, kernel_array(send, bits),
+            kernel_array(send, bits), -1, **kwargs)
+        group = lanes_per_row(d if dtype == np.float32 else d // 2)  # of the rows' words
+        return kernel is _pack_tokens.tokens_kernel(np.dtype(np.uint32), group, False, False,
+                                                    False, True), block[1]
+
+    # 32 heads of 32 float32 (4 lanes a row): 16 rows a rank, in blocks of 2 warps
+    assert staged(least, 32, 32) == (True, 2) and staged(least - 1, 32, 32) == (False, 2)
+    assert staged(least, 4, 32) == (False, 1)  # blocks of one warp
+    assert staged(least, 32, 64, np.float16)[0]  # 16-bit values in pairs: words
+    assert not staged(least, 32, 63, np.float16)[0]  # an odd D: 16-bit elements
+    assert not staged(least, 32, 32, shift=1)[0]  # buffers off a 16-byte boundary
+    big = _pack_tokens.TOKEN_BYTES_MOST // (4 * 32 * 32) + least  # past those bytes too
+    assert staged(big, 32, 32)[0]
+    assert staged(4, 4, 32, staged=True)[0] and not staged(least, 32, 32, staged=False)[0]
+    assert not staged(least, 32, 32, tokens=False)[0]
+    with pytest.raises(ValueError, match="uint32 words into 16-byte aligned"):
+        staged(4, 4, 32, shift=1, staged=True)
+    with pytest.raises(ValueError, match="a staged pack is a pack by tokens"):
+        staged(4, 4, 32, tokens=False, staged=True)
+    with pytest.raises(ValueError, match="a pack by tokens moves rows of one step"):
+        staged(4, 4, 600, staged=True)  # rows of two steps
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
