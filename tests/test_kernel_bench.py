@@ -130,3 +130,37 @@ def test_copy_floor_asks_for_a_combines_n_rows_at_once(read, written, quads):
 def test_copy_floor_refuses_other_counts():
     with pytest.raises(ValueError, match="quads_in_flight"):
         copy_kernel(3)
+
+
+def test_kernel_targets_reads_the_issue_targets_off_the_json(tmp_path):
+    """``benchmarks/kernel_targets.py``: issue 27's table against vLLM's figures, and
+    each target's cells split by whether the copy floor itself meets it."""
+    from benchmarks import kernel_targets as kt
+
+    def row(case, kernel, us, empty, copy, nbytes=10**6):
+        return kernel_row(case, kernel, us, empty, copy, nbytes, nbytes, 2000.0, (1,), (32,))
+
+    first = ("bfloat16", 2, 1, 128, 512)  # vLLM: pack 2.03, combine 1.55
+    big = ("bfloat16", 2, 512, 64, 128)
+    rows = [row(first, "pack", 1.40, 0.72, 1.62), row(first, "combine", 1.60, 0.72, 1.34),
+            row(("float32", 4, 8, 32, 128), "combine", 1.50, 0.70, 1.30),  # over; copy within
+            row(("float32", 4, 32, 32, 128), "combine", 2.00, 0.70, 1.50),  # both over
+            row(big, "pack", 1.00, 0.50, 0.90),  # 2 MB in 1 us: 100 % of 2000 GB/s
+            row(big, "combine", 1.25, 0.50, 1.10),  # 80 %, its copy 90.9 %
+            row(("float16", 2, 2048, 64, 128), "combine", 1.25, 0.50, 1.20),  # 80 %, 83.3 %
+            row(first, "pack_masked", 1.95, 0.72, 1.70)]
+    path = tmp_path / "k.json"
+    write_rows(path, rows, dict(memcpy_gbs=1500.0, vector_copy_gbs=2000.0))
+    got, rates = kt.load([path])
+    lines, at_or_below, entries = kt.vllm_lines(got)
+    assert (at_or_below, entries) == (1, 2)  # the combine's 1.60 is over vLLM's 1.55
+    assert "1.60*" in lines[1] and "cells not in the rows" in lines[-1]
+    cells, within, gap, floor = kt.near_empty(got, "combine")
+    assert (cells, within, [r["tokens"] for r in gap], floor) == (3, 0, [1, 8], 1)
+    assert kt.near_empty(got, "pack")[:2] == (1, 1)
+    cells, reach, gap, floor = kt.copy_rate(got, rates, "combine")
+    assert (cells, reach, [r["tokens"] for r in gap], floor) == (2, 0, [512], 1)
+    assert kt.copy_rate(got, rates, "pack")[:2] == (1, 1)
+    assert kt.mask_costs(got) == pytest.approx([0.55])
+    text = "\n".join(kt.report(got, rates, verbose=True))
+    assert "over 0.5 us in 1 of 1 cells" in text and "float32 N=4 B=8 32x128" in text
