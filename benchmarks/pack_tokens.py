@@ -65,6 +65,7 @@ for dt, n, B, H, D in cells:
                 continue
             launches[f"{name}_{mode}"] = launch
             bufs[f"{name}_{mode}"] = (send, recv, state)
+    cupy.cuda.runtime.deviceSynchronize()  # the buffers' memsets ran on the legacy stream
     for key, (kern, g, bl, a) in launches.items():
         kern(g, bl, stream.ptr, a)
     stream.synchronize()

@@ -97,11 +97,11 @@ def can_stage(data, send, recv, block):
 
 
 def stages(data, send, recv, grid, block, wide):
-    """Whether a pack of ``data`` on ``grid`` and ``block`` (``_rows.tile_grid``'s)
-    takes the staged twin: where it can (:func:`can_stage`), by tokens (rows of one
-    step read through a flat view, a token a block row: :func:`by_tokens` at any
-    bytes), at least :data:`STAGED_TOKENS_LEAST` tokens, blocks of at least
-    :data:`STAGED_WARPS_LEAST` warps."""
+    """Whether a pack of ``data`` on ``grid`` and ``block`` (``_rows.tile_grid``'s,
+    its z set to the tokens) takes the staged twin: where it can (:func:`can_stage`),
+    by tokens (rows of one step read through a flat view, a token a block row:
+    :func:`by_tokens` at any bytes), at least :data:`STAGED_TOKENS_LEAST` tokens,
+    blocks of at least :data:`STAGED_WARPS_LEAST` warps."""
     return data.shape[0] >= STAGED_TOKENS_LEAST and block[1] >= STAGED_WARPS_LEAST and \
         by_tokens(data, grid, wide, MAX_GRID_Z) and can_stage(data, send, recv, block)
 

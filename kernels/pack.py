@@ -556,7 +556,8 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
     ``_pack_tokens.by_tokens`` allows; ``tokens`` (``True`` or ``False``) overrides
     that choice, for the benchmarks and tests (``True`` requires rows of one step
     read through a flat view, and a grid whose z is ``B``). At many tokens, rows of
-    words take it at any bytes, through shared memory (``_pack_tokens.stages``);
+    words take it at any bytes, through shared memory (``_pack_tokens.stages``), on
+    a grid of a block row for every token however many blocks that makes;
     ``staged`` overrides that choice likewise (``True`` requires what
     ``_pack_tokens.can_stage`` does).
     """
@@ -572,8 +573,11 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
     group = lanes_per_row(data.shape[2])
     grid, block = tile_grid(send.shape[2], data.shape[0], group, send.shape[0])
     wide = wide_rows(data.shape[2])
+    full = (grid[0], grid[1], data.shape[0])  # a block row for every token, past MAX_BLOCKS
     stage = bool(staged) if staged is not None else \
-        tokens is not False and stages(data, send, recv, grid, block, wide)
+        tokens is not False and stages(data, send, recv, full, block, wide)
+    if stage and data.shape[0] <= MAX_GRID_Z:
+        grid = full
     if tokens is None:
         tokens = by_tokens(data, grid, wide) or stage
     if tokens and not by_tokens(data, grid, wide, MAX_GRID_Z):

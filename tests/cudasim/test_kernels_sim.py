@@ -90,11 +90,12 @@ def test_pack_by_tokens_where_the_rule_allows():
         picked(4, 8, 64, "every_other", tokens=True)
 
 
-def test_pack_staged_where_the_rule_allows():
+def test_pack_staged_where_the_rule_allows(monkeypatch):
     """A pack by tokens goes through shared memory from ``STAGED_TOKENS_LEAST`` tokens
     of rows of words into 16-byte aligned buffers, in blocks of ``STAGED_WARPS_LEAST``
-    warps or more, at any bytes; asked for where it cannot, it says so."""
-    from cupy_dcp.kernels import _pack_tokens
+    warps or more, at any bytes and a block row for each token; asked for where it
+    cannot, it says so."""
+    from cupy_dcp.kernels import _pack_tokens, _rows
     from cupy_dcp.kernels._arrays import dummy_index, kernel_array
     from cupy_dcp.kernels._rows import lanes_per_row
     from cupy_dcp.kernels.pack import pack_launch
@@ -113,11 +114,12 @@ def test_pack_staged_where_the_rule_allows():
             kernel_array(send, bits), -1, **kwargs)
         group = lanes_per_row(d if dtype == np.float32 else d // 2)  # of the rows' words
         return kernel is _pack_tokens.tokens_kernel(np.dtype(np.uint32), group, False, False,
-                                                    False, True), block[1]
+                                                    False, True), block[1], grid[2]
 
     # 32 heads of 32 float32 (4 lanes a row): 16 rows a rank, in blocks of 2 warps
-    assert staged(least, 32, 32) == (True, 2) and staged(least - 1, 32, 32) == (False, 2)
-    assert staged(least, 4, 32) == (False, 1)  # blocks of one warp
+    assert staged(least, 32, 32) == (True, 2, least)
+    assert staged(least - 1, 32, 32) == (False, 2, least - 1)
+    assert staged(least, 4, 32)[:2] == (False, 1)  # blocks of one warp
     assert staged(least, 32, 64, np.float16)[0]  # 16-bit values in pairs: words
     assert not staged(least, 32, 63, np.float16)[0]  # an odd D: 16-bit elements
     assert not staged(least, 32, 32, shift=1)[0]  # buffers off a 16-byte boundary
@@ -131,6 +133,23 @@ def test_pack_staged_where_the_rule_allows():
         staged(4, 4, 32, tokens=False, staged=True)
     with pytest.raises(ValueError, match="a pack by tokens moves rows of one step"):
         staged(4, 4, 600, staged=True)  # rows of two steps
+    monkeypatch.setattr(_rows, "MAX_BLOCKS", 8)  # grids of tile_grid walk their tokens
+    assert staged(least, 32, 32) == (True, 2, least)  # staged: a block row for each token
+    assert staged(least, 4, 32)[1:] == (1, 4)  # otherwise not
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_pack_staged_past_the_blocks_of_a_grid_matches_reference(dtype, monkeypatch):
+    """Where ``tile_grid`` would walk the tokens, the staged pack runs a block row for
+    each token: the reference's rows, masked or not, from any layout the rule takes."""
+    from cupy_dcp.kernels import _pack_tokens, _rows
+
+    monkeypatch.setattr(_pack_tokens, "STAGED_TOKENS_LEAST", 1)
+    monkeypatch.setattr(_rows, "MAX_BLOCKS", 2)
+    rng = np.random.default_rng(11)
+    for masked in (False, True):
+        for strided in (False, "heads_major"):
+            check_pack(ident, host, dtype, 2, 5, 36, 14, rng, strided=strided, masked=masked)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
