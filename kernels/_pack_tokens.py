@@ -22,14 +22,13 @@ the threads of the first token's first rank's blocks load the trailer's words
 before their rows and write them after, where the rows of other blocks hide
 them (a plane of blocks more costs more there: ``benchmarks/NOTES.md``).
 
-The ``staged`` twin (rows of uint32 words, at many tokens: :func:`stages`, at any
-bytes) writes
-its rows into shared memory instead, and after a barrier the block copies its rows'
-span of the buffer, which is contiguous, out as aligned 16-byte quads (the words
-before the span's first quad boundary and after its last one alone): a quarter of
-the store instructions, each of whole sectors, where a row's group of lanes
-stores words of rows that start off a sector. Its loads, masks and trailer are the
-plain kernel's, and so are its bits.
+The ``staged`` twin (rows of uint32 words, at many tokens and any bytes:
+:func:`stages`) writes its rows into shared memory instead, and after a barrier the
+block copies its rows' span of the buffer, which is contiguous, out as aligned
+16-byte quads (the words before the span's first quad boundary and after its last
+one alone): a quarter of the store instructions, each of whole sectors, where a
+row's group of lanes stores words of rows that start off a sector. Its loads, masks
+and trailer are the plain kernel's, and so are its bits.
 """
 
 import functools
