@@ -365,7 +365,6 @@ def _tokens_kernel(group, half, masked, signed, lead=False, staged=False):
     return signed_pack
 
 
-@functools.cache
 def tokens_kernel(bits, group, masked=True, signed=False, lead=False, staged=False):
     """This kernel for element bits ``bits`` (uint16 or uint32), ``group`` lanes a
     row, with a mask or without one (``masked``: one without reads no ``seq_lens``),
@@ -380,13 +379,20 @@ def tokens_kernel(bits, group, masked=True, signed=False, lead=False, staged=Fal
     along z, the first, whose first block signs the chunks (:func:`signs_ahead`);
     ``staged`` (uint32 only): the rows go out through shared memory as aligned quads
     (:func:`stages`)."""
-    if staged and np.dtype(bits).itemsize != 4:
-        raise ValueError(f"the staged pack moves rows of uint32 words (got {np.dtype(bits)})")
+    # one kernel object for the same kernel, however the flags are passed (a plan warms
+    # up the very objects that its launches then pick)
+    return _specialized(np.dtype(bits), int(group), bool(masked), bool(signed), bool(lead),
+                        bool(staged))
+
+
+@functools.cache
+def _specialized(bits, group, masked, signed, lead, staged):
+    if staged and bits.itemsize != 4:
+        raise ValueError(f"the staged pack moves rows of uint32 words (got {bits})")
     i64 = types.int64
     flat = array_type(bits, 1, True)
     index = array_type(np.int64, 1, True)
     argtypes = (flat, array_type(np.uint32, 2, False), index, index, i64, flat, flat, i64,
                 i64, i64, i64, i64, i64, i64) + ((index, index) if signed else ())
-    return SpecializedKernel(_tokens_kernel(group, np.dtype(bits).itemsize == 2,
-                                            bool(masked), bool(signed), bool(lead),
-                                            bool(staged)), argtypes)
+    return SpecializedKernel(_tokens_kernel(group, bits.itemsize == 2, masked, signed, lead,
+                                            staged), argtypes)
