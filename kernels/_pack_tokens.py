@@ -38,6 +38,7 @@ from numba import config, cuda
 
 from numba.core import types
 
+from ._device import inline_device
 from ._format import LSE_HALF_BITS, LSE_HALF_MASK
 from ._launch import SpecializedKernel, array_type
 from ._rows import (GROUPS, MAX_GRID_Z, MAX_REGISTERS, UNROLL, WARP, WARPS_PER_BLOCK,
@@ -134,23 +135,15 @@ def _tokens_kernel(group, half, masked, signed, lead=False, staged=False):
         else:
             dst[at + u64(f)] = value
 
-    @jit
-    def pack_row(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank,
-                 heads, width, d_count, s0, s1, chunk_tokens):
-        tx = u32(cuda.threadIdx.x)
-        lane = u32(tx % u_group)
-        warp = u32(u32(cuda.blockIdx.x) * u32(cuda.blockDim.y) + u32(cuda.threadIdx.y))
-        h = u32(u32(warp * per_warp) + u32(tx // u_group))
-        hn = u32(heads)
-        if h >= hn:
-            return
-        r = u32(cuda.blockIdx.y)
-        b = u32(u32(cuda.blockIdx.z) - u32(1)) if lead else u32(cuda.blockIdx.z)
-        d = u32(d_count)
-        head = u32(u32(r * hn) + h)
-        buf = cuda.local.array(UNROLL, send.dtype)
+    @inline_device
+    def load_row(data, lse_bits, seq_lens, query_start_loc, num_seqs, buf, b, head, lane, d,
+                 s0, s1):
+        """Row ``head`` of token ``b`` into ``buf``: lane ``lane``'s values of it, and, for
+        the row's first lane, its LSE bits (or, ``masked``, the fetch that
+        ``row_lse_of`` finishes after the stores); ``(whole, first, bits, fetched)``,
+        ``whole`` where every value of the lane's step is in the row."""
         src = u64(b) * u64(s0) + u64(head) * u64(s1) + u64(lane)
-        whole = u32(lane + last) < d  # every element of the lane's step in the row
+        whole = u32(lane + last) < d
         if whole:
             for k in range(UNROLL):
                 buf[k] = data[src + u64(k * group)]
@@ -166,6 +159,25 @@ def _tokens_kernel(group, half, masked, signed, lead=False, staged=False):
                 fetched = row_lse_fetch(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)
             else:
                 bits = np.uint32(lse_bits[b, head])
+        return whole, first, bits, fetched
+
+    @jit
+    def pack_row(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank,
+                 heads, width, d_count, s0, s1, chunk_tokens):
+        tx = u32(cuda.threadIdx.x)
+        lane = u32(tx % u_group)
+        warp = u32(u32(cuda.blockIdx.x) * u32(cuda.blockDim.y) + u32(cuda.threadIdx.y))
+        h = u32(u32(warp * per_warp) + u32(tx // u_group))
+        hn = u32(heads)
+        if h >= hn:
+            return
+        r = u32(cuda.blockIdx.y)
+        b = u32(u32(cuda.blockIdx.z) - u32(1)) if lead else u32(cuda.blockIdx.z)
+        d = u32(d_count)
+        head = u32(u32(r * hn) + h)
+        buf = cuda.local.array(UNROLL, send.dtype)
+        whole, first, bits, fetched = load_row(data, lse_bits, seq_lens, query_start_loc,
+                                               num_seqs, buf, b, head, lane, d, s0, s1)
         # our own chunk skips the exchange: it goes straight to the receive buffer
         dst = recv if self_rank >= 0 and np.int64(r) == self_rank else send
         row = u64(u32(u32(u32(r * u32(chunk_tokens)) + b) * hn) + h) * u64(width)
@@ -218,24 +230,9 @@ def _tokens_kernel(group, half, masked, signed, lead=False, staged=False):
             if h < hn:
                 head = u32(u32(r * hn) + h)
                 buf = cuda.local.array(UNROLL, send.dtype)
-                src = u64(b) * u64(s0) + u64(head) * u64(s1) + u64(lane)
-                whole = u32(lane + last) < d
-                if whole:
-                    for k in range(UNROLL):
-                        buf[k] = data[src + u64(k * group)]
-                else:
-                    for k in range(UNROLL):
-                        if u32(lane + u32(k * group)) < d:
-                            buf[k] = data[src + u64(k * group)]
-                first = lane == u32(0)
-                bits = np.uint32(0)
-                fetched = (np.uint32(0), (np.int64(0), np.int64(0), np.int64(0)))
-                if first:
-                    if masked:
-                        fetched = row_lse_fetch(lse_bits, b, head, seq_lens, query_start_loc,
-                                                num_seqs)
-                    else:
-                        bits = np.uint32(lse_bits[b, head])
+                whole, first, bits, fetched = load_row(data, lse_bits, seq_lens,
+                                                       query_start_loc, num_seqs, buf, b, head,
+                                                       lane, d, s0, s1)
                 row = u32(off + u32(j * w))
                 at = u32(row + lane)
                 if whole:
