@@ -47,8 +47,10 @@ def cells_of(batches):
             for B in batches]
 
 
-def cell_launches(cupy, rng, dtype_name, n, B, H, D):
-    """``({"way_mode": launch}, {"way_mode": buffers}, (read bytes, written bytes))``."""
+def cell_launches(cupy, rng, dtype_name, n, B, H, D, ways=WAYS):
+    """``({"way_mode": launch}, {"way_mode": buffers}, (read bytes, written bytes))`` for
+    each of ``ways`` (``{name: pack_launch's keyword arguments}``) and :data:`MODES`;
+    ``tok`` is left out where it cannot run the cell."""
     from cupy_dcp.kernels._arrays import dummy_index, kernel_array
     from cupy_dcp.kernels._trailer import trailer_rows
     from cupy_dcp.kernels.pack import pack_launch
@@ -65,7 +67,7 @@ def cell_launches(cupy, rng, dtype_name, n, B, H, D):
     signature = cupy.asarray(np.array([11, 0, H, D, 2, 1, 0, 0], np.int64))
     launches, buffers = {}, {}
     for mode in MODES:
-        for way, kwargs in WAYS.items():
+        for way, kwargs in ways.items():
             send = cupy.zeros((n, B + (extra if mode == "signed" else 0), H // n, width), bits)
             recv, state = cupy.zeros_like(send), cupy.zeros(2, cupy.int64)
             mask = (kernel_array(seq_lens, np.int64), kernel_array(starts, np.int64), B) \

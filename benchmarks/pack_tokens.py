@@ -18,10 +18,10 @@ import numpy as np
 import cupy
 from cupy_dcp import _kernel_bench as kb
 from cupy_dcp._floors import copy_kernel, empty_kernel, in_flight, quad_words
-from cupy_dcp.kernels.pack import pack_launch
-from cupy_dcp.kernels._arrays import dummy_index, kernel_array
-from cupy_dcp.kernels._trailer import trailer_rows
-from cupy_dcp.layout import as_dtype, bits_dtype, lse_pack_dim
+from cupy_dcp.kernels._arrays import kernel_array
+from pack_staged_ab import cell_launches  # run as a script: benchmarks/ on the path
+
+WAYS = {"lib": dict(tokens=False), "tok": dict(tokens=True, staged=False)}
 
 rng = np.random.default_rng(0)
 stream = cupy.cuda.Stream(non_blocking=True)
@@ -37,34 +37,7 @@ for dt, n in (("bfloat16", 2), ("bfloat16", 8), ("float16", 4), ("float32", 2), 
 if len(sys.argv) > 1:
     cells = cells[:int(sys.argv[1])]
 for dt, n, B, H, D in cells:
-    dtype = as_dtype(dt)
-    bits = bits_dtype(dtype)
-    x = cupy.asarray(rng.standard_normal((B, H, D)).astype(np.float32).astype(dtype).view(bits))
-    lse = cupy.asarray(rng.standard_normal((B, H)).astype(np.float32)).view(np.uint32)
-    W = D + lse_pack_dim(dtype)
-    k = trailer_rows(H // n, W, np.dtype(bits).itemsize)
-    seq = cupy.asarray(np.where(np.arange(B) % 4 == 0, 0, 7).astype(np.int64))
-    qsl = cupy.arange(B + 1, dtype=cupy.int64)
-    sig = cupy.asarray(np.array([11, 0, H, D, 2, 1, 0, 0], np.int64))
-    bufs, launches = {}, {}
-    for mode in ("plain", "signed", "masked"):
-        for name, tokens in (("lib", False), ("tok", True)):
-            extra = k if mode == "signed" else 0
-            send = cupy.zeros((n, B + extra, H // n, W), bits)
-            recv = cupy.zeros_like(send)
-            state = cupy.zeros(2, cupy.int64)
-            mask = (kernel_array(seq, np.int64), kernel_array(qsl, np.int64), B) \
-                if mode == "masked" else (dummy_index(), dummy_index(), -1)
-            signed = (kernel_array(sig, np.int64), kernel_array(state, np.int64)) \
-                if mode == "signed" else None
-            try:
-                launch = pack_launch(kernel_array(x, bits), kernel_array(lse, np.uint32), *mask,
-                                     kernel_array(send, bits), kernel_array(recv, bits), 0,
-                                     signed, tokens=tokens)
-            except ValueError:
-                continue
-            launches[f"{name}_{mode}"] = launch
-            bufs[f"{name}_{mode}"] = (send, recv, state)
+    launches, bufs, (nread, nwritten) = cell_launches(cupy, rng, dt, n, B, H, D, WAYS)
     cupy.cuda.runtime.deviceSynchronize()  # the buffers' memsets ran on the legacy stream
     for key, (kern, g, bl, a) in launches.items():
         kern(g, bl, stream.ptr, a)
@@ -75,7 +48,6 @@ for dt, n, B, H, D in cells:
             same[mode] = all(bool(cupy.array_equal(p, q)) for p, q in
                              zip(bufs[f"lib_{mode}"], bufs[f"tok_{mode}"]))
     grid, block = launches["lib_plain"][1:3]
-    nread, nwritten = x.nbytes + lse.nbytes, n * B * (H // n) * W * np.dtype(bits).itemsize
     src = cupy.zeros(quad_words(nread), dtype=cupy.uint32)
     dstf = cupy.empty(quad_words(nwritten), dtype=cupy.uint32)
     fa = (kernel_array(src, np.uint32), kernel_array(dstf, np.uint32))
