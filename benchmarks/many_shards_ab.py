@@ -7,7 +7,9 @@ One GPU, no mpirun; N ranks' buffers on it, as in ``python -m cupy_dcp.bench
 kernels built for their N (every shard's values and LSE loaded before any is
 weighed); past it, with the kernel for any N, which walks a row's shards two at a
 time, each pair's loads waiting on the previous pair's sums. ``MAX_STATIC_SHARDS``
-was 8; this A/B raised it to 16. At each cell (N = 12 and 16) it times, in the
+was 8; this A/B raised it to 16 (cells 0 to 15: N = 12 and 16), then to 32 (cells 16
+to 31: N = 24 and 32), and its cells 32 on, launches that streamed past 16, kept a lane
+at ``SLICED_UNROLL`` values there (``combine.STREAM_LOADS``). At each cell it times, in the
 library's launch shapes: ``any``, the launch made with ``MAX_STATIC_SHARDS``
 below N (the kernel for any N), and ``own``, the launch made with it at N or more
 (the same sums in the same order, so the same bits: checked here at every cell on
@@ -24,7 +26,7 @@ from exact_cost import arguments  # run as a script: benchmarks/ on the path
 from one_test_ab import cell_buffers, geometric_mean, output_bits, same_bits
 from word_floor import word_floors
 
-# (dtype, N, B, H, D): heads a rank H/N of 2 to 8
+# (dtype, N, B, H, D): heads a rank H/N of 2 to 8 at N = 12 and 16
 CELLS = [
     ("bfloat16", 16, 1, 128, 512), ("bfloat16", 16, 8, 128, 512), ("bfloat16", 16, 32, 128, 512),
     ("bfloat16", 16, 128, 128, 512), ("bfloat16", 16, 512, 128, 512),
@@ -32,6 +34,16 @@ CELLS = [
     ("bfloat16", 16, 2048, 64, 128), ("float16", 16, 32, 128, 512),
     ("float32", 16, 1, 128, 512), ("float32", 16, 32, 128, 512), ("float32", 16, 512, 32, 128),
     ("bfloat16", 12, 1, 96, 128), ("bfloat16", 12, 32, 96, 128), ("bfloat16", 12, 512, 96, 128),
+    # past 16 (cells 16 on): heads a rank H/N of 1 to 4
+    ("bfloat16", 32, 1, 128, 512), ("bfloat16", 32, 8, 128, 512), ("bfloat16", 32, 32, 128, 512),
+    ("bfloat16", 32, 128, 128, 512), ("bfloat16", 32, 512, 128, 512),
+    ("bfloat16", 32, 1, 64, 128), ("bfloat16", 32, 32, 64, 128), ("bfloat16", 32, 512, 64, 128),
+    ("bfloat16", 32, 2048, 64, 128), ("float16", 32, 32, 128, 512),
+    ("float32", 32, 1, 128, 512), ("float32", 32, 32, 128, 512), ("float32", 32, 512, 64, 128),
+    ("bfloat16", 24, 1, 96, 128), ("bfloat16", 24, 32, 96, 128), ("bfloat16", 24, 512, 96, 128),
+    # past 16, launches that stream (cells 32 on)
+    ("bfloat16", 24, 2048, 96, 128), ("bfloat16", 24, 512, 96, 512), ("float32", 24, 512, 96, 128),
+    ("float32", 24, 2048, 48, 128), ("bfloat16", 32, 2048, 128, 128), ("float32", 32, 2048, 64, 128),
 ]
 
 
