@@ -1,4 +1,4 @@
-"""The combine for exactly N ranks (N from 2 to 16): a lane group per slice of a row.
+"""The combine for exactly N ranks (N from 2 to 32): a lane group per slice of a row.
 
 At decode sizes a combine is a chain of dependent instructions per warp, not a
 stream of bytes: every instruction before a row's first load, and every one

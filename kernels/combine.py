@@ -44,7 +44,7 @@ from ._trailer import WORDS, combine_checks
 
 __all__ = ["BLOCK_LOADS", "BLOCK_ROWS", "FEW_WARPS", "FULL_BLOCK", "LANE_LOADS", "MANY_WARPS",
            "LSE_WARP_ROWS", "MAX_STATIC_SHARDS", "NARROW",
-           "SLICED_UNROLL", "SPREAD_FROM", "SPREAD_WARPS", "STREAM_UNROLL",
+           "SLICED_UNROLL", "SPREAD_FROM", "SPREAD_WARPS", "STREAM_LOADS", "STREAM_UNROLL",
            "block_threads", "block_values", "block_warps", "by_blocks", "capped",
            "codec_functions", "combine_codec", "combine_kernel", "combine_launch",
            "combine_unroll", "combine_variants", "lane_weights", "row_accumulator",
@@ -185,12 +185,13 @@ def _combine_kernel(codec, group=WARP, unroll=UNROLL):
     return combine
 
 
-MAX_STATIC_SHARDS = 16  # up to this N the combine is built for its N (every shard loaded first)
+MAX_STATIC_SHARDS = 32  # up to this N the combine is built for its N (every shard loaded first)
 SLICED_UNROLL = 2  # the fewest values a lane and shard of the combine for its N
 LANE_LOADS = 16  # the values a lane of the combine for its N loads, over every shard
 FEW_WARPS = 256  # a combine for its N launched as fewer warps moves fewer values a lane
 MANY_WARPS = 4096  # a combine for its N launched as this many warps or more streams
-STREAM_UNROLL = 4  # the fewest values a lane and shard of a combine that streams
+STREAM_UNROLL = 4  # the fewest values a lane and shard of a combine that streams,
+STREAM_LOADS = 64  # where a lane's loads over every shard stay within this many
 SPREAD_FROM = 64  # a combine for its N of this many warps, up to FEW_WARPS, runs in
 SPREAD_WARPS = 2  # blocks of this many warps (more SMs share few warps)
 BLOCK_LOADS = 32  # the most values a thread of a block a row loads, over every shard
@@ -268,11 +269,13 @@ def _unrolls(shards):
     """The values a lane and shard that the combine for ``shards`` ranks can move
     (:func:`combine_unroll`), most first: powers of two down to
     :data:`SLICED_UNROLL`, from the most that keeps a lane's loads within
-    :data:`LANE_LOADS`, or :data:`STREAM_UNROLL` if more."""
+    :data:`LANE_LOADS`, or :data:`STREAM_UNROLL` if more and its loads over every shard
+    stay within :data:`STREAM_LOADS`."""
     most = SLICED_UNROLL
     while most * 2 * shards <= LANE_LOADS:
         most *= 2
-    unrolls = [max(most, STREAM_UNROLL)]
+    streams = STREAM_UNROLL * shards <= STREAM_LOADS
+    unrolls = [max(most, STREAM_UNROLL) if streams else most]
     while unrolls[-1] > SLICED_UNROLL:
         unrolls.append(unrolls[-1] // 2)
     return unrolls
@@ -300,7 +303,8 @@ def combine_unroll(elements, rows, shards):
     launch would have fewer than :data:`FEW_WARPS` warps, so that few rows
     spread over more lanes; but where it would have :data:`MANY_WARPS` or
     more, the combine streams, and each lane moves at least
-    :data:`STREAM_UNROLL` values a shard (N = 8: 4). The figures behind these
+    :data:`STREAM_UNROLL` values a shard (N = 8: 4), up to :data:`STREAM_LOADS` loads a
+    lane (to N = 16; past it a lane keeps :data:`SLICED_UNROLL`). The figures behind these
     constants: ``benchmarks/NOTES.md``, from ``benchmarks/kernel_shapes.py``.
     """
     unrolls = _unrolls(shards)

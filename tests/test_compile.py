@@ -68,6 +68,7 @@ def test_unknown_blocks_count_every_reachable_path():
 
 def test_a2a_variants():
     from cupy_dcp.kernels._pack_tokens import STAGED_TOKENS_LEAST, tokens_kernel
+    from cupy_dcp.kernels.combine import combine_kernel
 
     # the pack with a mask and without one, and one combine: 16-bit data of an even D by
     # words and combined in pairs (the plan stages arrays that cannot be seen so), else by
@@ -77,7 +78,7 @@ def test_a2a_variants():
     assert len(a2a_tasks(np.dtype(np.float16), 512)) == 7
     assert len(a2a_tasks(np.dtype(np.float16), 511)) == 3  # an odd D: by 16 bits, wide
     assert len(a2a_tasks(np.dtype(np.float32), 512)) == 5  # wide rows: as quads and not
-    # N from 2 to 16: the combine for its N, one for each number of values a lane that
+    # N from 2 to 32: the combine for its N, one for each number of values a lane that
     # it can move (combine_unroll: N = 2: 8, 4, 2; N = 8: 4, 2), and where a row fits
     # a block's step (at most 32 loads a thread) the signed one with a block a row
     assert len(a2a_tasks(BF16, 512, 2)) == 10
@@ -105,7 +106,11 @@ def test_a2a_variants():
     blocks = [c.args[2:] for c in tasks[2:] if len(c.args) > 5 and c.args[5]]
     assert blocks == [(128, 2, 2, True, True)]  # 256 words: 2 a thread; signed, as plans call
     assert len(a2a_tasks(BF16, 512, 16)) == 9  # N = 16: 4 and 2 a lane, 2 a thread of a block
-    assert len(a2a_tasks(BF16, 512, 17)) == 7  # past 16: the combine for any N
+    # N = 17 to 32: 2 a lane only (STREAM_LOADS: 4 a lane would not stream faster) and
+    # no block a row at 256 words; past 32: the combine for any N
+    combines = {n: [c.args[3:5] for c in a2a_tasks(BF16, 512, n) if c.func is combine_kernel]
+                for n in (17, 32, 33)}
+    assert combines == {17: [(17, 2)], 32: [(32, 2)], 33: [(0, 8)]}
     masked, unmasked, *combines = tasks  # functools.partial: their arguments
     assert masked.args[3] and not unmasked.args[3]
     assert masked.args[0] == unmasked.args[0] == np.uint32 and all(c.args[1] for c in combines)

@@ -190,9 +190,9 @@ def test_combine_of_rows_past_a_grid_of_slices_matches_reference(dtype, n, d):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", ["spread_e80", "near_3000", "head_major", "no_lse", "n5",
-                                  "n16", "n17"])
+                                  "n16", "n17", "n32", "n33"])
 def test_combine_adversarial(dtype, case):
-    """N = 3, 5 and 16 (the combine for its N), 17 (the combine for any N)."""
+    """N = 3, 5, 16, 17 and 32 (the combine for its N), 33 (the combine for any N)."""
     to_device, to_host = cupy_io()
     kwargs = {"spread_e80": dict(spread=80.0), "near_3000": dict(lse_center=3000.0, spread=3.0),
               "head_major": dict(head_major=True), "no_lse": dict(return_lse=False)}.get(case, {})

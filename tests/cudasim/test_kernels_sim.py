@@ -212,6 +212,7 @@ def test_kernels_whose_blocks_loop_over_tokens(dtype, d, monkeypatch):
 
     monkeypatch.setattr(_rows, "MAX_BLOCKS", 1)
     monkeypatch.setattr(combine, "by_blocks", lambda *shape: False)  # a block a row never loops
+    monkeypatch.setattr(combine, "MAX_STATIC_SHARDS", 16)  # N = 17: the combine for any N
     rng = np.random.default_rng(d)
     for b in (3, 4):
         check_pack(ident, host, dtype, 2, b, 4, d, rng)
@@ -639,13 +640,13 @@ def _combine_bits(dtype, recv, layout="rows"):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("n", [2, 3, 5, 8, 12, 16])
+@pytest.mark.parametrize("n", [2, 3, 5, 8, 12, 16, 32])
 @pytest.mark.parametrize("d, loads", [(10, "most"), (10, "fewest"), (150, "most"),
                                       (150, "fewest")])
 def test_combine_for_its_n_is_the_combine_for_any_n_bit_for_bit(dtype, n, d, loads,
                                                                 monkeypatch):
     """The combine built for exactly N ranks (every shard loaded before any is weighed),
-    with the most values a lane for its N (N = 2: 8, else 4) or the fewest
+    with the most values a lane for its N (N = 2: 8, to N = 16 4, past it 2) or the fewest
     (2), rows whole or split over the grid (D = 150: two or more slices, the last one
     partial), gives the bits of the one built for any N, NaN, +-inf and empty shards
     included."""
@@ -671,7 +672,7 @@ def test_combine_for_its_n_is_the_combine_for_any_n_bit_for_bit(dtype, n, d, loa
         if shards(n):  # values (or word pairs) a row, as the kernel sees them
             elements = args[2].shape[2]
             unroll = combine.combine_unroll(elements, b * hn, n)
-            assert unroll == ((8 if n == 2 else 4) if loads == "most" else 2)
+            assert unroll == ((8 if n == 2 else 4 if n <= 16 else 2) if loads == "most" else 2)
             assert (grid[1] > 1) == (elements > combine.lanes_per_row(elements, unroll) * unroll)
         else:
             assert grid[1] == 1
@@ -775,13 +776,14 @@ def test_combine_in_word_pairs_gives_the_bits_of_the_combine_by_value(dtype, n, 
     """16-bit outputs combine two values a word where the rows allow it: the same bits
     as value by value (an output that starts 2 bytes into its buffer), NaN, +-inf and
     a token empty everywhere included; a block a row or rows split over warps (N = 17:
-    the combine for any N either way)."""
+    the combine for any N either way, ``MAX_STATIC_SHARDS`` set below it)."""
     from cupy_dcp.kernels import combine
     from cupy_dcp.kernels._arrays import kernel_array
     from cupy_dcp.reference import pack_reference
 
     if not blocks:
         monkeypatch.setattr(combine, "by_blocks", lambda *shape: False)
+    monkeypatch.setattr(combine, "MAX_STATIC_SHARDS", 16)
 
     rng = np.random.default_rng(40 + n)
     b, hn, d = 3, 2, 12
@@ -892,7 +894,7 @@ def test_combine_past_32_bit_offsets_splits_rows(dtype, monkeypatch):
 
 
 def test_combine_runs_a_block_a_row_only_where_it_fits():
-    """``by_blocks``: for N from 2 to 16, a row in one step of at most ``BLOCK_LOADS``
+    """``by_blocks``: for N from 2 to 32, a row in one step of at most ``BLOCK_LOADS``
     loads a thread, the tokens within a grid's y, and few rows or long ones; the
     block's threads and each thread's values."""
     from cupy_dcp.kernels import combine
