@@ -22,7 +22,8 @@ HERE = Path(__file__).resolve().parent
 
 
 # A bound against a hang, not a benchmark: the slow part took 40-45 minutes in one process
-# on a 2-core CI machine, and one test once stalled for over half an hour there.
+# on a 2-core machine, where one of its tests once stalled for over half an hour; CI's
+# whole slow phase took 17 minutes with a process a core.
 SIMULATOR_TIMEOUT = 3000  # seconds, for the whole run however many processes share it
 
 
