@@ -35,6 +35,19 @@ def _cores():
         return os.cpu_count() or 1
 
 
+def _simulator_pytest(*args, shard=None):
+    """``(command, environment)`` of a pytest run of ``tests/cudasim`` with ``args``, under
+    the simulator, as shard ``shard`` (``"i/n"``) or whole."""
+    variable = _split().SHARD_VARIABLE
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    env.pop(variable, None)
+    if shard is not None:
+        env[variable] = shard
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args,
+               str(HERE / "cudasim")]
+    return command, env
+
+
 def _simulator_suite(marker, shards=1):
     """The simulator suite's tests of ``marker`` (a ``-m`` expression), in ``shards``
     processes of their own at once (``CUPY_DCP_SIM_SHARD``: each runs every
@@ -42,15 +55,11 @@ def _simulator_suite(marker, shards=1):
     deadline = time.monotonic() + SIMULATOR_TIMEOUT
     runs = []
     for index in range(shards):
-        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-        env.pop("CUPY_DCP_SIM_SHARD", None)
-        if shards > 1:
-            env["CUPY_DCP_SIM_SHARD"] = f"{index}/{shards}"
+        command, env = _simulator_pytest("-m", marker,
+                                         shard=f"{index}/{shards}" if shards > 1 else None)
         log = tempfile.TemporaryFile(mode="w+")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker,
-             str(HERE / "cudasim")],
-            cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(command, cwd=HERE, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, text=True)
         runs.append((proc, log))
     outs = []
     try:
@@ -111,11 +120,9 @@ def test_each_kernel_once_under_the_simulator():
 def test_every_kernel_check_under_the_simulator():
     shards = max(1, min(_cores(), 4))
     outs = _simulator_suite("slow", shards)
-    listed = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
-         "-m", "slow", str(HERE / "cudasim")],
-        cwd=HERE, env=dict(os.environ, NUMBA_ENABLE_CUDASIM="1"), capture_output=True,
-        text=True, timeout=600)
+    command, env = _simulator_pytest("--collect-only", "-m", "slow")
+    listed = subprocess.run(command, cwd=HERE, env=env, capture_output=True, text=True,
+                            timeout=600)
     selected = re.search(r"(\d+)/\d+ tests collected", listed.stdout)
     assert selected, listed.stdout[-2000:]
     ran = sum(_count("passed", out) + _count("skipped", out) for out in outs)
