@@ -7,7 +7,7 @@ from numba import config
 
 from ._format import as_dtype, bits_dtype, check_heads, is_bfloat16, is_supported, lse_pack_dim
 
-__all__ = ["check_combine_args", "check_pack_args"]
+__all__ = ["check_combine_args", "check_mask_arrays", "check_pack_args"]
 
 MAX_RANKS = 256
 MAX_ROWS = 2 ** 32 - 1  # the kernels number a buffer's rows ([N, B, H/N] of them) in 32 bits
@@ -90,17 +90,25 @@ def check_pack_args(out, lse, send, seq_lens=None, query_start_loc=None, recv=No
     _check_buffer(send, "send", (n, B, H // n, D + lse_pack_dim(dtype)), dtype)
     if recv is not None:
         _check_buffer(recv, "recv", _shape(send), dtype)
+    check_mask_arrays(seq_lens, query_start_loc)
+    return _spec(dtype, B, H, D, n)
+
+
+def check_mask_arrays(seq_lens, query_start_loc):
+    """``seq_lens [S]`` and ``query_start_loc [S+1]``: both or neither, 1-D integer
+    arrays (``ValueError``, ``TypeError``). The kernels read ``query_start_loc``'s
+    ``S + 1`` entries unchecked, so a shorter one would be read past its end."""
     if (seq_lens is None) != (query_start_loc is None):
         raise ValueError("seq_lens and query_start_loc must be given together")
     for name, index in (("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
-        if index is not None and (len(_shape(index)) != 1 or
+        if index is not None and (not hasattr(index, "dtype") or len(_shape(index)) != 1 or
                                   as_dtype(index.dtype).kind not in "iu"):
-            raise TypeError(f"{name} must be a 1-D integer array (got {index.dtype} of shape "
-                            f"{_shape(index)})")
+            raise TypeError(f"{name} must be a 1-D integer array (got "
+                            f"{getattr(index, 'dtype', type(index).__name__)} of shape "
+                            f"{_shape(index) if hasattr(index, 'shape') else None})")
     if seq_lens is not None and _shape(query_start_loc) != (_shape(seq_lens)[0] + 1,):
         raise ValueError(f"query_start_loc must have len(seq_lens) + 1 entries "
                          f"(got {_shape(query_start_loc)} for {_shape(seq_lens)})")
-    return _spec(dtype, B, H, D, n)
 
 
 def check_combine_args(recv, out, out_lse=None):

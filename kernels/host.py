@@ -12,8 +12,9 @@ import numpy as np
 from numba import njit, prange
 
 from ._cache import cached_njit
-from ._format import LSE_HALF_BITS, LSE_HALF_MASK, check_rank
+from ._format import LSE_HALF_BITS, LSE_HALF_MASK, check_flag, check_rank
 from ._math import NEG_INF_BITS, build_mask, build_math, build_row_weights
+from ._specs import check_mask_arrays
 
 __all__ = ["agrs_correct_host", "agrs_lse_host", "combine_host", "mask_lse_host", "pack_host"]
 
@@ -103,8 +104,13 @@ def _check(name, arr, shape, kinds):
 
 
 def _mask_args(seq_lens, query_start_loc):
+    """The twins' mask arguments, checked as ``pack_send`` checks them, and host arrays."""
+    check_mask_arrays(seq_lens, query_start_loc)
     if seq_lens is None:
         return _EMPTY_INDEX, _EMPTY_INDEX, -1
+    for name, index in (("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
+        if not isinstance(index, np.ndarray):
+            raise TypeError(f"{name} must be a NumPy array (got {type(index).__name__})")
     return (np.ascontiguousarray(seq_lens, dtype=np.int64),
             np.ascontiguousarray(query_start_loc, dtype=np.int64), len(seq_lens))
 
@@ -117,8 +123,9 @@ def pack_host(data_bits, lse_bits, send_bits, seq_lens=None, query_start_loc=Non
             bit patterns.
         lse_bits: ``[B, H]`` uint32; the float32 LSEs' bit patterns.
         send_bits: ``[N, B, H/N, D+P]`` of ``data_bits``'s dtype, written.
-        seq_lens, query_start_loc: optional ``[S]`` and ``[S+1]`` integers;
-            rows of empty sequences and padding rows get LSE -inf.
+        seq_lens, query_start_loc: optional ``[S]`` and ``[S+1]`` integer
+            NumPy arrays, both or neither (``ValueError``, ``TypeError``, as
+            ``pack_send``); rows of empty sequences and padding rows get LSE -inf.
     """
     if not isinstance(data_bits, np.ndarray) or data_bits.ndim != 3 or \
             data_bits.dtype not in (np.uint16, np.uint32):
@@ -142,7 +149,9 @@ def pack_host(data_bits, lse_bits, send_bits, seq_lens=None, query_start_loc=Non
 def combine_host(parts, lses, out, out_lse, is_lse_base_on_e=True):
     """Exact combine of ``parts [N, B, H/N, D]`` float32 weighted by ``lses [N, B, H/N]``.
 
-    Writes ``out [B, H/N, D]`` and ``out_lse [B, H/N]``, both float64.
+    Writes ``out [B, H/N, D]`` and ``out_lse [B, H/N]``, both float64;
+    ``is_lse_base_on_e`` must be ``True`` or ``False`` (``TypeError``), as in every
+    twin that takes it.
     """
     if not isinstance(parts, np.ndarray) or parts.ndim != 4:
         raise ValueError("parts must be a [N, B, H/N, D] NumPy array")
@@ -152,7 +161,7 @@ def combine_host(parts, lses, out, out_lse, is_lse_base_on_e=True):
     _check("out", out, (b, hn, d), "f")
     _check("out_lse", out_lse, (b, hn), "f")
     _, combine = _compiled(parts.size >= PARALLEL_MIN_ELEMENTS)
-    combine(parts, lses, out, out_lse, bool(is_lse_base_on_e))
+    combine(parts, lses, out, out_lse, check_flag(is_lse_base_on_e, "is_lse_base_on_e"))
 
 
 @functools.cache
@@ -188,10 +197,11 @@ def _compiled_agrs():
 
 def mask_lse_host(lse, seq_lens, query_start_loc):
     """Set, in place, the LSE ``[B, H]`` of empty and padding tokens to -inf."""
+    mask = _mask_args(seq_lens, query_start_loc)
     if seq_lens is not None:
         if not isinstance(lse, np.ndarray) or lse.ndim != 2 or lse.dtype.kind != "f":
             raise ValueError("lse must be a [B, H] float NumPy array")
-        _compiled_agrs()[0](lse, *_mask_args(seq_lens, query_start_loc))
+        _compiled_agrs()[0](lse, *mask)
 
 
 def agrs_correct_host(data, lses, self_rank, corrected, is_lse_base_on_e=True):
@@ -210,7 +220,8 @@ def agrs_correct_host(data, lses, self_rank, corrected, is_lse_base_on_e=True):
     _check("data", data, (b, h, data.shape[2]), "f")
     _check("corrected", corrected, (n, b, h // n, data.shape[2]), "f")
     check_rank(self_rank, n)
-    _compiled_agrs()[1](data, lses, int(self_rank), bool(is_lse_base_on_e), corrected)
+    base_e = check_flag(is_lse_base_on_e, "is_lse_base_on_e")
+    _compiled_agrs()[1](data, lses, int(self_rank), base_e, corrected)
 
 
 def agrs_lse_host(lses, self_rank, local_heads, out_lse, is_lse_base_on_e=True):
@@ -222,4 +233,5 @@ def agrs_lse_host(lses, self_rank, local_heads, out_lse, is_lse_base_on_e=True):
     _check("lses", lses, lses.shape, "f")
     _check("out_lse", out_lse, (lses.shape[1], int(local_heads)), "f")
     check_rank(self_rank, lses.shape[0])
-    _compiled_agrs()[2](lses, int(self_rank), int(local_heads), bool(is_lse_base_on_e), out_lse)
+    base_e = check_flag(is_lse_base_on_e, "is_lse_base_on_e")
+    _compiled_agrs()[2](lses, int(self_rank), int(local_heads), base_e, out_lse)

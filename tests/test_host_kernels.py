@@ -258,3 +258,43 @@ def test_the_host_twins_refuse_sizes_they_would_overrun():
         agrs_correct_host(np.zeros((3, 4, 8)), np.zeros((2, 3, 4)), 2, np.zeros((2, 3, 2, 8)))
     with pytest.raises(ValueError, match=r"^out_lse must have shape \(3, 2\)"):
         agrs_lse_host(np.zeros((2, 3, 4)), 0, 2, np.zeros((3, 4)))
+
+
+def test_the_host_twins_check_masks_and_flags_as_the_kernels_do():
+    """A mask shorter than its sequences would be read past its end; a flag that is not a
+    bool would be read as one (``"False"`` as base e)."""
+    from cupy_dcp.kernels import (agrs_correct_host, agrs_lse_host, combine_host, mask_lse_host,
+                                  pack_host)
+
+    data, lse_bits = np.zeros((3, 4, 8), np.uint16), np.zeros((3, 4), np.uint32)
+    send = np.zeros((2, 3, 2, 10), np.uint16)
+    lens, starts = np.array([1, 2], np.int64), np.array([0, 1, 3], np.int64)
+    for call in (lambda *m: pack_host(data, lse_bits, send, *m),
+                 lambda *m: mask_lse_host(np.zeros((3, 4), np.float32), *m)):
+        with pytest.raises(ValueError, match=r"^query_start_loc must have len\(seq_lens\) \+ 1 "
+                                             r"entries \(got \(1,\) for \(2,\)\)$"):
+            call(lens, starts[:1])
+        with pytest.raises(TypeError, match=r"^seq_lens must be a 1-D integer array \(got "
+                                            r"float64 of shape \(2,\)\)$"):
+            call(lens.astype(np.float64), starts)
+        with pytest.raises(TypeError, match=r"^query_start_loc must be a 1-D integer array "
+                                            r"\(got int64 of shape \(3, 1\)\)$"):
+            call(lens, starts[:, None])
+        with pytest.raises(ValueError, match=r"^seq_lens and query_start_loc must be given "
+                                             r"together$"):
+            call(lens, None)
+        with pytest.raises(TypeError, match=r"^seq_lens must be a 1-D integer array \(got list "
+                                            r"of shape None\)$"):
+            call([1, 2], starts)
+    parts, lses = np.zeros((2, 3, 2, 8), np.float32), np.zeros((2, 3, 2), np.float32)
+    for flag in ("False", None, 0):
+        with pytest.raises(TypeError, match=r"^is_lse_base_on_e must be True or False"):
+            combine_host(parts, lses, np.zeros((3, 2, 8)), np.zeros((3, 2)), flag)
+        with pytest.raises(TypeError, match=r"^is_lse_base_on_e must be True or False"):
+            agrs_correct_host(np.zeros((3, 4, 8)), np.zeros((2, 3, 4)), 0,
+                              np.zeros((2, 3, 2, 8)), flag)
+        with pytest.raises(TypeError, match=r"^is_lse_base_on_e must be True or False"):
+            agrs_lse_host(np.zeros((2, 3, 4)), 0, 2, np.zeros((3, 2)), flag)
+    out_lse = np.zeros((3, 2))
+    combine_host(parts, lses, np.zeros((3, 2, 8)), out_lse, np.False_)  # NumPy's bool is one
+    np.testing.assert_array_equal(out_lse, np.float64(1.0))  # log2(2 * 2**0)
