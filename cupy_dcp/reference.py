@@ -11,7 +11,7 @@ import numpy as np
 
 from ._checks import check_flag, check_lse_range, lse_float32_dtype
 from ._host_arrays import host_view
-from .layout import as_dtype, bits_dtype, check_heads, lse_pack_dim
+from .layout import as_dtype, bits_dtype, check_heads, is_bfloat16, is_supported, lse_pack_dim
 
 __all__ = ["lse_weighted_combine", "pack_reference", "unpack_reference"]
 
@@ -44,7 +44,8 @@ def lse_weighted_combine(outputs, lses, return_lse=False, is_lse_base_on_e=True)
     Raises:
         ValueError: ``outputs`` not ``[N, B, H, D]`` with N >= 1, or ``lses``
             not ``[N, B, H]``.
-        TypeError: ``lses`` not a float array, or a flag not a bool.
+        TypeError: ``outputs`` or ``lses`` not a float array, or a flag not a
+            bool.
     """
     outputs = np.asarray(host_view(outputs, "outputs"))  # (another framework's CPU arrays
     lses = np.asarray(host_view(lses, "lses"))  # by DLPack, bfloat16 too)
@@ -58,6 +59,8 @@ def lse_weighted_combine(outputs, lses, return_lse=False, is_lse_base_on_e=True)
         raise ValueError(
             f"lses must be [N, B, H] = {outputs.shape[:3]} (got shape {lses.shape})")
     lse_float32_dtype(lses.dtype, "lses")
+    if not (outputs.dtype.kind == "f" or is_bfloat16(outputs.dtype)):
+        raise TypeError(f"outputs must be a float array (got dtype {outputs.dtype})")
     result_dtype = np.float64 if outputs.dtype == np.float64 else np.float32
     exp, log = (np.exp, np.log) if is_lse_base_on_e else (np.exp2, np.log2)
 
@@ -105,21 +108,29 @@ def pack_reference(out, lse, world_size, mask=None):
         hold the bits of ``float32(lse[b, r*H/N + h])``.
 
     Raises:
-        ValueError: a shape is not as above, N does not divide H (or is below
-            1), or a finite LSE is beyond float32's range (it would read as an
-            empty shard's +inf).
-        TypeError: ``lse`` not a float array, ``out`` of another dtype, or N
-            not an integer.
+        ValueError: a shape is not as above, ``D`` is below 1, N does not
+            divide H (or is below 1), or a finite LSE is beyond float32's range
+            (it would read as an empty shard's +inf).
+        TypeError: ``lse`` not a float array, ``out`` of another dtype,
+            ``mask`` not bool, or N not an integer.
     """
     out = np.asarray(host_view(out, "out"))
     lse = np.asarray(host_view(lse, "lse"))
     if out.ndim != 3:
         raise ValueError(f"out must be [B, H, D] (got shape {out.shape})")
+    if not is_supported(out.dtype):
+        raise TypeError(f"out dtype must be float16, bfloat16 or float32 (got {out.dtype})")
     B, H, D = out.shape
+    if D < 1:
+        raise ValueError(f"out's head size D must be >= 1 (got {D})")
     if lse.shape != (B, H):
         raise ValueError(f"lse must be [B, H] = {(B, H)} (got shape {lse.shape})")
-    if mask is not None and np.shape(mask) != (B,):
-        raise ValueError(f"mask must be [B] = {(B,)} (got shape {np.shape(mask)})")
+    if mask is not None:
+        mask = np.asarray(mask)
+        if mask.shape != (B,):
+            raise ValueError(f"mask must be [B] = {(B,)} (got shape {mask.shape})")
+        if mask.dtype != np.bool_:
+            raise TypeError(f"mask must be a bool array (got dtype {mask.dtype})")
     lse_float32_dtype(lse.dtype, "lse")
     check_lse_range(lse, "lse")
     check_heads(H, world_size)

@@ -148,8 +148,15 @@ _BAD_PACKS = {
                          r"^world_size must be an integer \(got float 2.0\)$"),
     "mask-shape": ((_X, _L, 2, np.zeros(3, bool)), ValueError,
                    r"^mask must be \[B\] = \(2,\) \(got shape \(3,\)\)$"),
-    "out-float64": ((_X.astype(np.float64), _L, 2), ValueError,
-                    r"^output dtype must be float16, bfloat16 or float32"),
+    # a dtype is a TypeError, as its docstring and the library's calls say
+    "out-float64": ((_X.astype(np.float64), _L, 2), TypeError,
+                    r"^out dtype must be float16, bfloat16 or float32 \(got float64\)$"),
+    "out-int16": ((_X.astype(np.int16), _L, 2), TypeError,
+                  r"^out dtype must be float16, bfloat16 or float32 \(got int16\)$"),
+    "head-size-0": ((_X[..., :0], _L, 2), ValueError,
+                    r"^out's head size D must be >= 1 \(got 0\)$"),
+    "mask-int": ((_X, _L, 2, np.array([0, 1])), TypeError,
+                 r"^mask must be a bool array \(got dtype int"),
 }
 
 

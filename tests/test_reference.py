@@ -129,7 +129,12 @@ def test_bad_shapes_raise(outputs, lses, message):
      r"^lses must be a float array \(got dtype int64\)$"),
     (dict(is_lse_base_on_e=None), TypeError, r"^is_lse_base_on_e must be True or False \(got None\)$"),
     (dict(return_lse="no"), TypeError, r"^return_lse must be True or False \(got 'no'\)$"),
-], ids=["no-shards", "integer-lses", "base-none", "return-lse-str"])
+    (dict(outputs=np.zeros((2, 2, 3, 4), np.int32)), TypeError,
+     r"^outputs must be a float array \(got dtype int32\)$"),
+    (dict(outputs=np.zeros((2, 2, 3, 4), np.complex64)), TypeError,
+     r"^outputs must be a float array \(got dtype complex64\)$"),
+], ids=["no-shards", "integer-lses", "base-none", "return-lse-str", "integer-outputs",
+        "complex-outputs"])
 def test_bad_arguments_raise(kwargs, error, message):
     args = dict(outputs=np.zeros((2, 2, 3, 4)), lses=np.zeros((2, 2, 3)))
     args.update(kwargs)
@@ -146,3 +151,4 @@ def test_the_reference_weighs_huge_lses_right(level):
     got, lse = lse_weighted_combine(outputs, lses, return_lse=True)
     assert got[0, 0, 0] == 1.0, got
     np.testing.assert_allclose(lse[0, 0], float(np.float32(level)) + math.log(2), rtol=1e-7)
+
