@@ -10,8 +10,8 @@ import numpy as np
 from .kernels._format import check_apart, check_count, check_flag, check_not_overlapping
 from .layout import as_dtype, check_heads, is_bfloat16, is_supported
 
-__all__ = ["check_apart", "check_count", "check_flag", "check_inputs", "check_lse_range",
-           "check_mask", "check_out", "lse_float32_dtype"]
+__all__ = ["check_apart", "check_array", "check_count", "check_flag", "check_inputs",
+           "check_lse_range", "check_mask", "check_out", "lse_float32_dtype"]
 
 _INT64_MAX = np.iinfo(np.int64).max
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -59,7 +59,8 @@ _VALUE_DTYPES: "dict[object, np.dtype | None]" = {}  # dtype -> _judge_value's v
 _LSE_DTYPES: "dict[object, np.dtype | None]" = {}  # dtype -> _judge_lse's verdict
 
 
-def _check_array(x, name):
+def check_array(x, name):
+    """``x`` must be an array (``shape`` and ``dtype``), and no masked one (``TypeError``)."""
     if not (hasattr(x, "shape") and hasattr(x, "dtype")):
         raise TypeError(f"{name} must be an array (NumPy, CuPy or any DLPack / CUDA array) "
                         f"(got {type(x).__name__})")
@@ -70,8 +71,8 @@ def _check_array(x, name):
 
 def check_inputs(out, lse, world_size):
     """Check ``out [B, H, D]`` and ``lse [B, H]``; return ``(B, H, D, dtype)``."""
-    _check_array(out, "cp_attn_out")
-    _check_array(lse, "cp_attn_lse")
+    check_array(out, "cp_attn_out")
+    check_array(lse, "cp_attn_lse")
     shape = _shape(out)
     if len(shape) != 3:
         raise ValueError(f"cp_attn_out must be [B, H, D] (got shape {shape})")
@@ -115,7 +116,7 @@ def check_lse_range(lse, name="cp_attn_lse"):
 def check_out(out, shape, dtype, name="out"):
     """Check a caller-provided result array ``out`` (called ``name`` in errors) against
     ``shape`` and ``dtype``; a read-only NumPy ``out`` is refused."""
-    _check_array(out, name)
+    check_array(out, name)
     if isinstance(out, np.ndarray) and not out.flags.writeable:
         raise ValueError(f"{name} must be writeable (got a read-only array)")
     if _shape(out) != tuple(shape):
@@ -125,8 +126,8 @@ def check_out(out, shape, dtype, name="out"):
     except TypeError:
         got = out.dtype
     if got != dtype:
-        order = " (the byte orders differ)" if got.newbyteorder("=") == dtype.newbyteorder("=") \
-            else ""
+        order = " (the byte orders differ)" if isinstance(got, np.dtype) and \
+            got.newbyteorder("=") == dtype.newbyteorder("=") else ""
         raise TypeError(f"{name} must have dtype {dtype} (got {out.dtype}){order}")
     strides = getattr(out, "strides", None)  # (NumPy's and CuPy's; others at the launch)
     if isinstance(strides, tuple):
@@ -141,7 +142,7 @@ def check_mask(seq_lens, query_start_loc):
     if seq_lens is None:
         return
     for name, arr in (("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
-        _check_array(arr, name)
+        check_array(arr, name)
         if len(arr.shape) != 1 or as_dtype(arr.dtype).kind not in "iu":
             raise TypeError(f"{name} must be a 1-D integer array (got {arr.dtype} of shape {_shape(arr)})")
     if query_start_loc.shape[0] != seq_lens.shape[0] + 1:

@@ -43,9 +43,32 @@ def _value(field, word):
     return word
 
 
+_ORPHANS: "list[tuple[int, int]]" = []  # (device, pointer) of words dropped unfreed
+
+
+def _free_host(device, ptr):
+    """Free mapped words once every kernel of ``device`` that may write them is done."""
+    import cupy
+
+    with cupy.cuda.Device(device):
+        cupy.cuda.runtime.deviceSynchronize()
+    cupy.cuda.runtime.freeHost(ptr)
+
+
+def _free_orphans():
+    while _ORPHANS:
+        _free_host(*_ORPHANS.pop())
+
+
 class MappedWords:
     """``count`` int64 words of host-mapped, page-locked memory, zeroed: ``words``
-    (the host's NumPy view) and ``array`` (the kernels' view)."""
+    (the host's NumPy view) and ``array`` (the kernels' view), written by kernels on
+    the device current at creation.
+
+    :meth:`free` releases them. Words dropped unfreed (their plan dropped without
+    ``close()``) are not freed in the finaliser, which may run inside a caller's
+    CUDA graph capture, where a synchronisation is an error: they are freed by the
+    next :meth:`free` or creation of mapped words."""
 
     _PORTABLE_MAPPED = 3  # cudaHostAllocPortable | cudaHostAllocMapped
 
@@ -54,7 +77,9 @@ class MappedWords:
 
         import cupy
 
+        _free_orphans()
         runtime = cupy.cuda.runtime
+        self.device = runtime.getDevice()
         self.ptr = runtime.hostAlloc(8 * count, self._PORTABLE_MAPPED)
         self.words = np.ctypeslib.as_array((ctypes.c_int64 * count).from_address(self.ptr))
         self.words[:] = 0
@@ -62,11 +87,17 @@ class MappedWords:
         self.array = DeviceArray(self.ptr, (count,), (8,), np.dtype(np.int64), owner)
 
     def free(self):
-        """Free the memory once every kernel that may write it is done."""
-        import cupy
-
+        """Free the memory once every kernel that may write it is done (a
+        synchronisation of its device), and any mapped words dropped unfreed."""
         if self.ptr:
-            cupy.cuda.runtime.deviceSynchronize()
-            self.words = None
-            cupy.cuda.runtime.freeHost(self.ptr)
+            ptr, self.ptr, self.words = self.ptr, 0, None
+            _free_host(self.device, ptr)
+        _free_orphans()
+
+    def __del__(self):
+        if getattr(self, "ptr", 0):
+            try:
+                _ORPHANS.append((self.device, self.ptr))
+            except Exception:  # noqa: BLE001 - at interpreter exit (the process frees it)
+                pass
             self.ptr = 0

@@ -28,6 +28,8 @@ resolves differently makes every rank raise ``ValueError``.
 
 import os
 
+import numpy as np
+
 __all__ = ["PROTOCOLS", "kernel_cache_dir", "launcher", "pdl", "protocols",
            "spawn_environment"]
 
@@ -50,9 +52,9 @@ def pdl(value=None, env=os.environ):
     or ``None`` (where every rank's GPU supports it). ``None`` takes
     ``CUPY_DCP_PDL=0`` as ``False``."""
     if value is not None:
-        if not isinstance(value, bool):
+        if not isinstance(value, (bool, np.bool_)):
             raise TypeError(f"pdl must be True, False or None (got {value!r})")
-        return value
+        return bool(value)
     return None if _flag(env, "CUPY_DCP_PDL") is not False else False
 
 

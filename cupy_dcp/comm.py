@@ -26,7 +26,8 @@ from . import _nccl_end, _signed
 from ._nccl_end import is_capturing
 from ._staged import staged_allgather, staged_alltoall, staged_reduce_scatter
 
-__all__ = ["DEFAULT_TIMEOUT", "Communicator", "as_communicator", "check_timeout"]
+__all__ = ["DEFAULT_TIMEOUT", "Communicator", "as_communicator", "check_device",
+           "check_timeout", "require_cupy"]
 
 _BACKENDS = ("auto", "mpi", "nccl")
 
@@ -46,6 +47,19 @@ def check_timeout(timeout, name="timeout"):
     if not timeout > 0:  # NaN too
         raise ValueError(f"{name} must be > 0 seconds or None (got {timeout!r})")
     return float(timeout)
+
+
+def check_device(device):
+    """``device`` as a GPU ordinal (``None`` stays ``None``): ``TypeError`` unless an
+    integer (not a bool), ``ValueError`` if negative."""
+    if device is None:
+        return None
+    if isinstance(device, (bool, np.bool_)) or not isinstance(device, numbers.Integral):
+        raise TypeError(f"device must be a GPU ordinal or None (got {type(device).__name__} "
+                        f"{device!r})")
+    if device < 0:
+        raise ValueError(f"device must be >= 0 (got {device})")
+    return int(device)
 
 
 class Communicator:
@@ -74,6 +88,7 @@ class Communicator:
         if backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {_BACKENDS} (got {backend!r})")
         timeout = check_timeout(timeout)
+        device = check_device(device)
         _check_not_null(mpi_comm)
         self.mpi_comm = mpi_comm
         self._owned = owned
@@ -109,7 +124,8 @@ class Communicator:
                 together) or ``"mpi"`` (MPI only: host arrays directly, device
                 arrays staged through host memory, exact but slow and not
                 capturable in a CUDA graph).
-            device: the GPU of this rank; ``None`` picks its rank within the
+            device: the GPU of this rank (an ordinal: ``TypeError``,
+                ``ValueError`` otherwise); ``None`` picks its rank within the
                 node modulo the visible GPUs. With ``"auto"`` or ``"nccl"``
                 and a GPU present it becomes CuPy's current device now, so
                 that arrays made next live where the plans run.
@@ -130,6 +146,7 @@ class Communicator:
         if backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {_BACKENDS} (got {backend!r})")
         timeout = check_timeout(timeout)
+        device = check_device(device)
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"comm must be an mpi4py communicator (got {type(comm).__name__})")
@@ -492,6 +509,7 @@ class Communicator:
                 aborted first, so that no rank stays blocked in it.
         """
         timeout = self.limit(timeout)
+        require_cupy(f"rank {self.rank}: synchronize (a wait on a GPU stream)")
         if not drain(stream, None if timeout == math.inf else timeout, self._check_nccl):
             self.abort()
             raise RuntimeError(
@@ -570,7 +588,15 @@ class Communicator:
         afterwards; where one did, NCCL destroys the communicator only once those
         graphs are destroyed, which then happens in the background (never a hang,
         whichever goes first)."""
-        self.cached_plans.clear()
+        plans, self.cached_plans = self.cached_plans, {}
+        try:
+            for key, plan in plans.items():  # the current plans, and the list of retired ones
+                for each in plan if key == "retired" else (plan,):
+                    each.close()
+        finally:
+            self._free_own()
+
+    def _free_own(self):
         self._end_nccl("destroy")
         self._freed = True
         if self._owned and self.mpi_comm != MPI.COMM_NULL:
@@ -667,6 +693,16 @@ def drain(stream, timeout, poll=None):
             return False
         time.sleep(20e-6)
     return True
+
+
+def require_cupy(what):
+    """CuPy, imported; ``RuntimeError`` naming ``what`` needs it where it is missing."""
+    try:
+        import cupy
+    except ImportError:
+        raise RuntimeError(f"{what} needs CuPy, which is not installed "
+                           "(pip install cupy-cuda12x or cupy-cuda13x)") from None
+    return cupy
 
 
 def _cupy_problem():

@@ -711,9 +711,10 @@ def _plan_settings(world_size, max_tokens, num_heads, head_dim, dtype, return_ls
         lse_pack_dim(dtype)
     except (TypeError, ValueError):
         raise TypeError(f"dtype must be float16, bfloat16 or float32 (got {given!r})") from None
-    _checks.check_count(max_tokens, "max_tokens", 1)
-    _checks.check_count(head_dim, "head_dim", 1)
-    check_heads(_checks.check_count(num_heads, "num_heads", 1), world_size)
+    max_tokens = _checks.check_count(max_tokens, "max_tokens", 1)
+    head_dim = _checks.check_count(head_dim, "head_dim", 1)
+    num_heads = _checks.check_count(num_heads, "num_heads", 1)
+    check_heads(num_heads, world_size)
     if max_tokens * num_heads >= 2 ** 31:  # the kernels number rows in 32 bits (with room)
         raise ValueError(f"max_tokens * num_heads must be below 2**31 (got {max_tokens} * "
                          f"{num_heads})")

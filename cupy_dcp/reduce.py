@@ -5,7 +5,7 @@ import numpy as np
 from . import _checks
 from ._host_arrays import host_view, is_device_array
 from ._signed import TRAILER_BYTES
-from .comm import as_communicator
+from .comm import as_communicator, require_cupy
 from .layout import bits_dtype, c_strides, round_from_float64, send_buffer_shape
 from .kernels import (agrs_correct_host, agrs_lse_host, combine_host, mask_lse_host,
                       pack_host)
@@ -115,6 +115,8 @@ def _reduce(strategy, x, lse, comm, return_lse, base_e, out, seq_lens, query_sta
     # leaving them to pair this call with its next one
     host_call = not (is_device_array(x) and is_device_array(lse))
     if host_call:  # an 'nccl' communicator takes no host call: every such rank raises at once
+        if comm.backend == "nccl":
+            _refuse_on_nccl(x, lse)
         comm._check_host()
     call = comm.next_call() if host_call else None
     given_out = out
@@ -174,6 +176,7 @@ def _single_device(x, lse, out, return_lse, seq_lens, query_start_loc, stream, d
     from ._single import single_device
     from .kernels._arrays import cupy_stream, stream_ptr
 
+    require_cupy("a call on device arrays")
     bits, result_lse = single_device(x, lse, bits_dtype(dtype), seq_lens, query_start_loc, stream)
     result = bits.view(dtype)
     if out is not None:
@@ -181,6 +184,20 @@ def _single_device(x, lse, out, return_lse, seq_lens, query_start_loc, stream, d
             out[...] = result
         result = out
     return (result, result_lse) if return_lse else result
+
+
+def _refuse_on_nccl(x, lse):
+    """A call that is not on two device arrays, on an 'nccl' communicator: the error
+    of its arguments, where they are not two host arrays."""
+    for name, arr in (("cp_attn_out", x), ("cp_attn_lse", lse)):
+        _checks.check_array(arr, name)
+    if is_device_array(x) or is_device_array(lse):
+        raise TypeError(_mixed_arrays(x, lse))
+
+
+def _mixed_arrays(x, lse):
+    return ("cp_attn_out and cp_attn_lse must both be host (NumPy, or on the CPU by DLPack) "
+            f"or both be device arrays (got {type(x).__name__} and {type(lse).__name__})")
 
 
 def _check_call(x, lse, world_size, out, seq_lens, query_start_loc):
@@ -191,9 +208,7 @@ def _check_call(x, lse, world_size, out, seq_lens, query_start_loc):
     _checks.check_mask(seq_lens, query_start_loc)
     on_host = isinstance(x, np.ndarray), isinstance(lse, np.ndarray)
     if on_host[0] != on_host[1]:
-        raise TypeError("cp_attn_out and cp_attn_lse must both be host (NumPy, or on the CPU "
-                        "by DLPack) or both be device arrays (got "
-                        f"{type(x).__name__} and {type(lse).__name__})")
+        raise TypeError(_mixed_arrays(x, lse))
     if on_host[0] and out is not None and not isinstance(out, np.ndarray):
         raise TypeError(f"host inputs take a host out (got {type(out).__name__})")
     if on_host[0] and seq_lens is not None and not (
@@ -261,15 +276,26 @@ def _ag_rs_host(x, lse32, comm, base_e, seq_lens, query_start_loc, dtype, signed
     return round_from_float64(summed, dtype), global_lse.astype(np.float32)
 
 
+def _plan_size(tokens, seq_lens):
+    """The ``max_tokens`` of the functional API's plan for a call: a power of two (plans
+    grow by doubling) of at least the call's tokens and sequences (a plan bounds both)."""
+    need = tokens if seq_lens is None else max(tokens, int(seq_lens.shape[0]))
+    return 1 << max(need - 1, 0).bit_length()
+
+
 def _reduce_device(strategy, x, lse, comm, return_lse, base_e, out, seq_lens, query_start_loc,
                    stream, result_shape, dtype):
-    import cupy
-
     from .kernels._arrays import stream_ptr
     from .plan import DcpA2APlan, DcpAgRsPlan
 
     B, hn, D = result_shape
     H = hn * comm.world_size
+    kind = DcpA2APlan if strategy == "a2a" else DcpAgRsPlan
+    try:
+        import cupy
+    except ImportError:  # every rank raises alike: a plan's creation agrees on it
+        kind(comm, max(B, 1), H, D, dtype, return_lse, base_e)
+        raise
     with cupy.cuda.Device(comm.device):  # stream=None: the current stream of the rank's GPU
         ptr = stream_ptr(stream)
     # One cached plan per stream: calls on one stream are ordered, so they may
@@ -277,12 +303,11 @@ def _reduce_device(strategy, x, lse, comm, return_lse, base_e, out, seq_lens, qu
     key = (ptr, strategy, H, D, dtype, bool(return_lse), bool(base_e))
     plans = comm.cached_plans
     plan = plans.get(key)
-    if plan is None or plan.max_tokens < B:
+    size = _plan_size(B, seq_lens)
+    if plan is None or plan.max_tokens < size:
         if plan is not None:  # a CUDA graph may still replay on its buffers: keep it
             plans.setdefault("retired", []).append(plan)
-        size = 1 << max(B - 1, 0).bit_length()  # grow in powers of two
-        kind = DcpA2APlan if strategy == "a2a" else DcpAgRsPlan
-        plan = plans[key] = kind(comm, max(size, 1), H, D, dtype, return_lse, base_e)
+        plan = plans[key] = kind(comm, size, H, D, dtype, return_lse, base_e)
     with cupy.cuda.Device(comm.device):
         result = cupy.empty(result_shape, dtype=dtype) if out is None else out
         result_lse = cupy.empty((B, hn), dtype=cupy.float32) if return_lse else None

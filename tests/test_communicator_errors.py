@@ -19,7 +19,10 @@ def test_nccl_without_a_gpu_is_a_clear_runtime_error():
     (dict(backend="gloo"), ValueError, r"^backend must be one of \('auto', 'mpi', 'nccl'\) \(got 'gloo'\)$"),
     (dict(timeout=0), ValueError, r"^timeout must be > 0 seconds or None \(got 0\)$"),
     (dict(comm="world"), TypeError, r"^comm must be an mpi4py communicator \(got str\)$"),
-], ids=["backend", "timeout", "comm"])
+    (dict(device="banana"), TypeError, r"^device must be a GPU ordinal or None \(got str 'banana'\)$"),
+    (dict(device=True), TypeError, r"^device must be a GPU ordinal or None \(got bool True\)$"),
+    (dict(device=-3), ValueError, r"^device must be >= 0 \(got -3\)$"),
+], ids=["backend", "timeout", "comm", "device-str", "device-bool", "device-negative"])
 def test_bad_communicator_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
         cupy_dcp.Communicator.from_mpi(**kwargs)
@@ -127,3 +130,38 @@ def test_a_direct_plans_synchronize_checks_its_timeout(timeout, error):
     plan = object.__new__(cupy_dcp.DcpDirectPlan)
     with pytest.raises(error, match=r"^timeout must be"):
         plan.synchronize(timeout=timeout)
+
+
+def test_plan_sizes_are_checked_as_python_integers():
+    """NumPy's int32 would wrap the product of max_tokens and num_heads past 2**31."""
+    with pytest.raises(ValueError, match=r"^max_tokens \* num_heads must be below 2\*\*31 "
+                                         r"\(got 1048576 \* 4096\)$"):
+        cupy_dcp.DcpA2APlan(MPI.COMM_SELF, np.int32(2 ** 20), np.int32(2 ** 12), 8, "float16")
+
+
+class _Plan:
+    def __init__(self, fails=False):
+        self.closed, self.fails = False, fails
+
+    def close(self):
+        self.closed = True
+        if self.fails:
+            raise RuntimeError("close failed")
+
+
+def test_free_closes_the_cached_plans():
+    """The functional API's plans (and the retired ones a graph may have captured) hold
+    page-locked memory: ``free`` closes them, and frees the communicator even where a
+    plan's close fails."""
+    comm = cupy_dcp.Communicator.from_mpi(MPI.COMM_SELF, backend="mpi")
+    current, retired = _Plan(), [_Plan(), _Plan()]
+    comm.cached_plans.update({("stream", "a2a"): current, "retired": retired})
+    comm.free()
+    assert current.closed and all(plan.closed for plan in retired)
+    assert comm.cached_plans == {}
+    comm = cupy_dcp.Communicator.from_mpi(MPI.COMM_SELF, backend="mpi")
+    comm.cached_plans[("stream", "a2a")] = _Plan(fails=True)
+    with pytest.raises(RuntimeError, match="^close failed$"):
+        comm.free()
+    with pytest.raises(RuntimeError, match=r"was freed"):
+        comm.check_usable()

@@ -4,6 +4,7 @@ Validation runs before anything is exchanged, so a Communicator over
 ``COMM_SELF`` whose ``world_size`` is set by hand stands in for a group of N.
 """
 
+import importlib.util
 import warnings
 
 import numpy as np
@@ -34,6 +35,21 @@ class _DeviceLike:
 
     def __array__(self, *args, **kwargs):
         raise TypeError("no implicit conversion to a NumPy array")
+
+
+class _CudaLike(_DeviceLike):
+    """A device array's face that ``is_device_array`` takes for one."""
+
+    @property
+    def __cuda_array_interface__(self):
+        return dict(shape=self.shape, typestr=self.dtype.str, data=(0, False), version=3)
+
+
+class _ForeignDtype:
+    """An array whose dtype NumPy cannot name (another framework's)."""
+
+    def __init__(self, shape):
+        self.shape, self.dtype = shape, object()
 
 
 X, LSE = _inputs()
@@ -113,6 +129,8 @@ BAD = {
                        r"^return_lse must be True or False \(got 'False'\)$"),
     "check-consistency-str": (dict(cp_attn_out=X, cp_attn_lse=LSE, check_consistency="no"),
                               TypeError, r"^check_consistency must be True or False \(got 'no'\)$"),
+    "result-foreign-dtype": (dict(cp_attn_out=X, cp_attn_lse=LSE, out=_ForeignDtype((2, 3, 8))),
+                             TypeError, r"^out must have dtype float16 \(got <object object"),
     "comm-type": (dict(cp_attn_out=X, cp_attn_lse=LSE, comm="world"), TypeError,
                   r"^comm must be a cupy_dcp.Communicator or an mpi4py communicator \(got str\)$"),
 }
@@ -182,3 +200,50 @@ def test_lse_is_converted_by_value(lse_dtype):
     expected[expected == np.inf] = -np.inf  # +inf means "empty", as in a group of two
     np.testing.assert_array_equal(global_lse, expected)
 
+
+
+def _nccl_group(world_size):
+    comm = Communicator(MPI.COMM_SELF, backend="nccl")  # (NCCL itself is built by from_mpi)
+    comm.world_size = world_size
+    return comm
+
+
+@pytest.mark.parametrize("x, lse, error, message", [
+    (X, _CudaLike(LSE), TypeError, r"^cp_attn_out and cp_attn_lse must both be host \(NumPy, "
+     r"or on the CPU by DLPack\) or both be device arrays \(got ndarray and _CudaLike\)$"),
+    ([1.0], LSE, TypeError, r"^cp_attn_out must be an array \(NumPy, CuPy or any DLPack / CUDA "
+     r"array\) \(got list\)$"),
+    (X, LSE, RuntimeError, r"^this communicator's backend is 'nccl': host arrays need 'mpi' or "
+     r"'auto'$"),
+], ids=["mixed", "list", "host"])
+def test_an_nccl_communicator_names_what_is_wrong_with_a_call_it_cannot_take(x, lse, error,
+                                                                             message):
+    with pytest.raises(error, match=message):
+        dcp_a2a_lse_reduce(x, lse, _nccl_group(2))
+
+
+def test_the_functional_plans_hold_every_sequence():
+    """A call with more sequences than tokens (empty sequences) is valid: the plan the
+    functional API makes for it must take that many sequences too."""
+    from cupy_dcp.reduce import _plan_size
+
+    assert _plan_size(3, None) == 4 and _plan_size(4, None) == 4 and _plan_size(0, None) == 1
+    assert _plan_size(3, np.zeros(5, I64)) == 8
+    assert _plan_size(9, np.zeros(2, I64)) == 16
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="checks the error raised where CuPy is missing")
+@pytest.mark.parametrize("world_size, message", [
+    (1, r"^a call on device arrays needs CuPy, which is not installed"),
+    (2, r"^DcpA2APlan needs CuPy and a GPU: CuPy is not installed"),
+], ids=["one", "two"])
+def test_device_arrays_without_cupy_are_a_clear_error(world_size, message):
+    """A rank without CuPy raises a RuntimeError (in a group, from the plan's creation,
+    which its peers join: they raise too, instead of waiting)."""
+    comm = Communicator(MPI.COMM_SELF)
+    comm.world_size = world_size
+    with pytest.raises(RuntimeError, match=message):
+        dcp_a2a_lse_reduce(_CudaLike(X), _CudaLike(LSE), comm)
+    with pytest.raises(RuntimeError, match=r"^rank 0: synchronize \(a wait on a GPU stream\) "
+                                           r"needs CuPy"):
+        Communicator.from_mpi(MPI.COMM_SELF, backend="mpi").synchronize()

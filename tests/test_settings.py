@@ -36,6 +36,7 @@ def test_only_the_settings_module_reads_the_environment():
     (None, {}, None), (None, {"CUPY_DCP_PDL": "1"}, None), (None, {"CUPY_DCP_PDL": "0"}, False),
     (True, {"CUPY_DCP_PDL": "0"}, True), (False, {}, False),
     (False, {"CUPY_DCP_PDL": "on"}, False),  # an argument given: the variable is not read
+    (np.True_, {}, True), (np.False_, {"CUPY_DCP_PDL": "1"}, False),  # NumPy's bools too
 ])
 def test_pdl(value, env, resolved):
     assert _settings.pdl(value, env) is resolved
