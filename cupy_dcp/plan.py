@@ -28,6 +28,7 @@ from .comm import _cupy_problem, as_communicator
 from .layout import as_dtype, bits_dtype, c_strides, check_heads, lse_pack_dim
 from .kernels._arrays import (_cupy, as_cupy, cupy_stream, cupy_view, dummy_index,
                                kernel_array, output_array, pointer_device, stream_ptr)
+from .kernels._format import WRITES_BOTH
 from .kernels._launch import DeviceArray, choose_launcher
 from .kernels.agrs import correct_launch, finish_launch, mask_launch
 from .kernels.combine import combine_codec, combine_launch
@@ -178,7 +179,8 @@ class _Plan:
                 its kernel reads in place (``ValueError``).
             out_lse: optional ``[B, H/N]`` float32 array for the global LSE
                 (only for a plan with ``return_lse``: ``ValueError`` otherwise),
-                in memory of its own as ``out`` is.
+                in memory of its own as ``out`` is, and sharing no byte with
+                ``out`` (``ValueError``).
             seq_lens, query_start_loc: optional ``[S]``, ``[S+1]`` integer
                 device arrays marking empty and padding tokens (``S <=
                 max_tokens``).
@@ -260,6 +262,7 @@ class _Plan:
                 masks = {} if seq_lens is None else dict(seq_lens=mask[0],
                                                          query_start_loc=mask[1])
                 self._check_device(cp_attn_out=x_bits, cp_attn_lse=lse, out=result_arr, **masks)
+                given_out = result_arr  # (the word view below may stage it)
                 copy_out = None
                 if self._words:
                     given = x_bits
@@ -270,6 +273,9 @@ class _Plan:
                                                                        "out_lse")
                 if out_lse is not None:
                     self._check_device(out_lse=lse_arr)
+                    if out is not None:
+                        _checks.check_apart(dict(out_lse=lse_arr), dict(out=given_out),
+                                            WRITES_BOTH)
                 if self._writes_while_reading:  # the arrays the kernel itself reads and writes
                     _checks.check_apart(
                         dict(out=result_arr, out_lse=lse_arr),
@@ -468,6 +474,21 @@ class _Plan:
         result = result if out is None else out
         result_lse = (result_lse if out_lse is None else out_lse) if self.return_lse else None
         with cupy.cuda.Device(self.comm.device):
+            given = dict(cp_attn_out=kernel_array(x, self.bits, "cp_attn_out"),
+                         cp_attn_lse=kernel_array(lse, as_dtype(lse.dtype), "cp_attn_lse"))
+            if seq_lens is not None:
+                given.update(seq_lens=kernel_array(seq_lens, as_dtype(seq_lens.dtype), "seq_lens"),
+                             query_start_loc=kernel_array(query_start_loc,
+                                                          as_dtype(query_start_loc.dtype),
+                                                          "query_start_loc"))
+            if out is not None:
+                given["out"] = output_array(out, self._value, "out")
+            if out_lse is not None:
+                given["out_lse"] = output_array(out_lse, np.float32, "out_lse")
+            self._check_device(**given)
+            if out is not None and out_lse is not None:
+                _checks.check_apart(dict(out_lse=given["out_lse"]), dict(out=given["out"]),
+                                    WRITES_BOTH)
             if cupy_stream(stream_ptr(stream)).is_capturing():
                 raise RuntimeError(
                     f"a {type(self).__name__} of one rank cannot be captured in a CUDA graph: "

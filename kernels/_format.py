@@ -194,6 +194,8 @@ def check_not_overlapping(shape, strides, itemsize, name):
 
 # why a kernel's output must not share memory with its inputs (check_apart's message)
 WRITES_WHILE_READING = "a kernel would write it while its other blocks still read the inputs"
+# why two results of one call must not share memory (check_apart's message)
+WRITES_BOTH = "the call writes both, so one would overwrite the other"
 _OVERLAP_WORK = 1 << 16  # the most work NumPy may spend proving two views apart
 _TOO_HARD = getattr(np, "exceptions", np).TooHardError  # (NumPy < 1.25: np.TooHardError)
 

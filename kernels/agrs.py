@@ -36,8 +36,8 @@ import numpy as np
 from numba import cuda, float32
 from numba.core import types
 
-from ._format import (WRITES_WHILE_READING, as_dtype, check_apart, check_flag, check_heads,
-                      check_rank)
+from ._format import (WRITES_BOTH, WRITES_WHILE_READING, as_dtype, check_apart, check_flag,
+                      check_heads, check_rank)
 from ._arrays import kernel_array, output_array, stream_ptr
 from ._device import device_functions, inline_device, row_weights_of
 from ._launch import DeviceArray, SpecializedKernel, array_type
@@ -548,8 +548,8 @@ def agrs_finish(summed, lses, self_rank, out, out_lse=None, is_lse_base_on_e=Tru
     """Round the reduce-scattered sums ``summed [B, H/N, D]`` (float32) into ``out``
     (``[B, H/N, D]``, any strides whose elements do not share memory) and the global
     LSE of this rank's heads into ``out_lse [B, H/N]`` (float32), from every rank's
-    ``lses [N, B, H]``; neither output shares a byte with ``summed`` or ``lses``
-    (``ValueError``). A C-contiguous ``out`` takes the flat kernel
+    ``lses [N, B, H]``; neither output shares a byte with ``summed``, ``lses`` or
+    the other output (``ValueError``). A C-contiguous ``out`` takes the flat kernel
     (:func:`finishes_flat`), the same bits faster."""
     dtype = as_dtype(out.dtype)
     _, value = combine_codec(dtype)
@@ -564,6 +564,7 @@ def agrs_finish(summed, lses, self_rank, out, out_lse=None, is_lse_base_on_e=Tru
     out_arr = output_array(out, value, "out")
     check_apart(dict(out=out_arr, out_lse=lse_arr), dict(summed=summed_arr, lses=lses_arr),
                 WRITES_WHILE_READING)
+    check_apart(dict(out_lse=lse_arr), dict(out=out_arr), WRITES_BOTH)
     kernel, grid, block, args = finish_launch(dtype, summed_arr, lses_arr, self_rank,
                                               is_lse_base_on_e, out_arr, lse_arr)
     if summed.shape[0]:

@@ -38,7 +38,7 @@ from ._launch import DeviceArray, SpecializedKernel, array_type
 from ._blocks import BLOCK_THREADS, blocks_kernel
 from ._rows import MAX_GRID_Z, MAX_REGISTERS, UNROLL, WARP, lanes_per_row, tile_cursor, tile_grid
 from ._slices import slices_kernel
-from ._format import WRITES_WHILE_READING, check_apart, check_flag
+from ._format import WRITES_BOTH, WRITES_WHILE_READING, check_apart, check_flag
 from ._specs import check_combine_args
 from ._trailer import WORDS, combine_checks
 
@@ -418,7 +418,8 @@ def unpack_combine(recv, out, out_lse=None, is_lse_base_on_e=True, stream=None):
         is_lse_base_on_e: natural-log LSEs; ``False`` for base 2.
         stream: the stream to run on; ``None`` is CuPy's current stream.
 
-    ``out`` and ``out_lse`` share no byte with ``recv`` (``ValueError``).
+    ``out`` and ``out_lse`` share no byte with ``recv`` nor with each other
+    (``ValueError``).
     """
     spec = check_combine_args(recv, out, out_lse)
     is_lse_base_on_e = check_flag(is_lse_base_on_e, "is_lse_base_on_e")
@@ -429,6 +430,7 @@ def unpack_combine(recv, out, out_lse=None, is_lse_base_on_e=True, stream=None):
     recv_arr, out_arr = kernel_array(recv, spec.bits, "recv"), output_array(out, value, "out")
     check_apart(dict(out=out_arr, out_lse=lse_arr), dict(recv=recv_arr),
                 WRITES_WHILE_READING)
+    check_apart(dict(out_lse=lse_arr), dict(out=out_arr), WRITES_BOTH)
     kernel, grid, block, args = combine_launch(spec.dtype, recv_arr, out_arr, lse_arr,
                                                is_lse_base_on_e)
     kernel(grid, block, stream_ptr(stream), args)

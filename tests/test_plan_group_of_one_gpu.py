@@ -83,3 +83,46 @@ def test_a_plan_of_one_rank_refuses_a_capture(plan_type):
         stream.synchronize()
         assert got.shape == x.shape
     comm.free()
+
+
+@pytest.mark.parametrize("plan_type", PLANS, ids=lambda p: p.__name__)
+def test_a_plan_of_one_rank_checks_its_arrays_as_a_group_does(plan_type):
+    """Host arrays, and results that share memory with each other, are refused: the
+    checks of a larger group's call."""
+    import cupy
+
+    x, lse, _ = _case(np.float32)
+    comm = cupy_dcp.Communicator.from_mpi(MPI.COMM_SELF, backend="mpi", timeout=30)
+    with plan_type(comm, 12, 4, 6, np.float32, return_lse=True) as plan:
+        dx, dlse = cupy.asarray(x), cupy.asarray(lse)
+        with pytest.raises(TypeError, match=r"^cp_attn_out must be a device array"):
+            plan(x, dlse)
+        store = cupy.zeros(x.size + 8, cupy.float32)
+        out = store[:x.size].reshape(x.shape)
+        with pytest.raises(ValueError, match=r"^out_lse shares memory with out"):
+            plan(dx, dlse, out=out, out_lse=store[x.size - 4:x.size - 4 + lse.size].reshape(
+                lse.shape))
+    comm.free()
+
+
+def test_mapped_words_dropped_unfreed_are_freed_at_the_next_safe_point():
+    """An A2A plan's status words are page-locked: dropped without ``close()``, they are
+    freed by the next creation (never in a finaliser, which may run in a capture)."""
+    import gc
+
+    import cupy
+
+    from cupy_dcp import _divergence
+
+    gc.collect()
+    _divergence._free_orphans()
+    words = _divergence.MappedWords(16, None)
+    assert words.device == cupy.cuda.runtime.getDevice()
+    del words
+    gc.collect()
+    assert len(_divergence._ORPHANS) == 1
+    kept = _divergence.MappedWords(16, None)
+    assert _divergence._ORPHANS == []
+    kept.free()
+    kept.free()  # idempotent
+    assert kept.ptr == 0

@@ -1021,8 +1021,8 @@ def test_combine_past_a_grid_of_slices_is_the_combine_for_any_n(dtype, n, monkey
 def test_stand_alone_kernels_refuse_outputs_on_their_inputs():
     """``pack_send``, ``unpack_combine``, ``agrs_correct`` and ``agrs_finish`` refuse an
     output that shares memory with an input (one kernel writes it while its other
-    blocks still read), naming both, before they launch; outputs in the same buffer
-    but apart from the inputs run."""
+    blocks still read), or the two outputs that share memory, naming both, before they
+    launch; outputs in the same buffer but apart from the inputs run."""
     from cupy_dcp.kernels import agrs_correct, agrs_finish, pack_send, unpack_combine
 
     n, b, h, d = 2, 2, 4, 8
@@ -1045,7 +1045,14 @@ def test_stand_alone_kernels_refuse_outputs_on_their_inputs():
             x, buf[300:316].reshape(n, b, h), 0, buf[:64].reshape(n, b, h // n, d))),
         ("out_lse shares memory with lses", lambda: agrs_finish(
             buf[400:432].reshape(b, h // n, d), buf[300:316].reshape(n, b, h), 0,
-            buf[500:532].reshape(b, h // n, d), buf[314:318].reshape(b, h // n)))]
+            buf[500:532].reshape(b, h // n, d), buf[314:318].reshape(b, h // n))),
+        # two outputs of one call: one would overwrite the other
+        ("out_lse shares memory with out", lambda: unpack_combine(
+            buf[128:200].reshape(n, b, h // n, d + 1), buf[200:232].reshape(b, h // n, d),
+            buf[230:234].reshape(b, h // n))),
+        ("out_lse shares memory with out", lambda: agrs_finish(
+            buf[400:432].reshape(b, h // n, d), buf[300:316].reshape(n, b, h), 0,
+            buf[500:532].reshape(b, h // n, d), buf[531:535].reshape(b, h // n)))]
     for message, call in refused:
         with pytest.raises(ValueError, match=message):
             call()
