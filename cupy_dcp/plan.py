@@ -125,6 +125,9 @@ class _Plan:
         import cupy
 
         with cupy.cuda.Device(comm.device):
+            # the plan's GPU: the communicator's (None in a group of one over MPI: the
+            # current one, where the plan's buffers are made)
+            self._device = cupy.cuda.runtime.getDevice()
             T = settings.max_tokens
             self._result = cupy.empty((T, self.local_heads, self.head_dim), dtype=self.dtype)
             self._result_lse = cupy.empty((T, self.local_heads), dtype=cupy.float32)
@@ -389,10 +392,10 @@ class _Plan:
             if arr.ptr in self._on_device:
                 continue
             device = pointer_device(arr.ptr)
-            if device is not None and device != self.comm.device:
+            if device is not None and device != self._device:
                 raise ValueError(
                     f"{name} is in the memory of GPU {device}, but this plan runs on GPU "
-                    f"{self.comm.device} (make that GPU current before creating the rank's "
+                    f"{self._device} (make that GPU current before creating the rank's "
                     f"arrays: cupy.cuda.Device(comm.device).use())")
             if len(self._on_device) >= _READY_KEPT * 4:
                 self._on_device.clear()

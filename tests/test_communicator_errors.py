@@ -85,6 +85,7 @@ def test_plans_refuse_arrays_in_another_gpus_memory(monkeypatch):
     monkeypatch.setattr(plan_module, "pointer_device", lambda p: asked.append(p) or devices[p])
     plan = object.__new__(plan_module.DcpA2APlan)
     plan.comm = SimpleNamespace(device=0)
+    plan._device = 0  # the GPU the plan was made on
     plan._on_device = set()
     for _ in range(2):
         plan._check_device(cp_attn_out=SimpleNamespace(ptr=2), cp_attn_lse=SimpleNamespace(ptr=3))
