@@ -97,11 +97,13 @@ def test_a_plan_of_one_rank_checks_its_arrays_as_a_group_does(plan_type):
         dx, dlse = cupy.asarray(x), cupy.asarray(lse)
         with pytest.raises(TypeError, match=r"^cp_attn_out must be a device array"):
             plan(x, dlse)
-        store = cupy.zeros(x.size + 8, cupy.float32)
+        store = cupy.zeros(x.size + lse.size, cupy.float32)
         out = store[:x.size].reshape(x.shape)
         with pytest.raises(ValueError, match=r"^out_lse shares memory with out"):
             plan(dx, dlse, out=out, out_lse=store[x.size - 4:x.size - 4 + lse.size].reshape(
-                lse.shape))
+                lse.shape))  # its first 4 values are out's last
+        got, got_lse = plan(dx, dlse, out=out, out_lse=store[x.size:].reshape(lse.shape))
+        assert got is out  # apart, in the same buffer: the call runs
     comm.free()
 
 
