@@ -56,8 +56,12 @@ def _free_host(device, ptr):
 
 
 def _free_orphans():
-    while _ORPHANS:
-        _free_host(*_ORPHANS.pop())
+    while True:
+        try:
+            device, ptr = _ORPHANS.pop()
+        except IndexError:  # (none left, or another thread took the last)
+            return
+        _free_host(device, ptr)
 
 
 class MappedWords:

@@ -396,7 +396,7 @@ class _Plan:
                 raise ValueError(
                     f"{name} is in the memory of GPU {device}, but this plan runs on GPU "
                     f"{self._device} (make that GPU current before creating the rank's "
-                    f"arrays: cupy.cuda.Device(comm.device).use())")
+                    f"arrays: cupy.cuda.Device({self._device}).use())")
             if len(self._on_device) >= _READY_KEPT * 4:
                 self._on_device.clear()
             self._on_device.add(arr.ptr)
@@ -476,7 +476,7 @@ class _Plan:
         result, result_lse = self._result_views(x.shape[0])
         result = result if out is None else out
         result_lse = (result_lse if out_lse is None else out_lse) if self.return_lse else None
-        with cupy.cuda.Device(self.comm.device):
+        with cupy.cuda.Device(self._device):
             given = dict(cp_attn_out=kernel_array(x, self.bits, "cp_attn_out"),
                          cp_attn_lse=kernel_array(lse, as_dtype(lse.dtype), "cp_attn_lse"))
             if seq_lens is not None:

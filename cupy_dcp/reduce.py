@@ -19,7 +19,9 @@ def dcp_a2a_lse_reduce(cp_attn_out, cp_attn_lse, comm, return_lse=False,
                        query_start_loc=None, stream=None, check_consistency=False):
     """Combine the partial attention outputs of a DCP group; rank r keeps heads r*H/N ... (r+1)*H/N-1.
 
-    Collective: every rank of ``comm`` calls it with the same B, H, D and dtype.
+    Collective: every rank of ``comm`` calls it with the same B, H, D and dtype, and
+    with masks of the same number of sequences S, or none (on device arrays a plan
+    sized by B and S is made, collectively, where the cached one is too small).
 
     Args:
         cp_attn_out: ``[B, H, D]`` float16, bfloat16 or float32, any strides;

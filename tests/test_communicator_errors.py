@@ -84,7 +84,7 @@ def test_plans_refuse_arrays_in_another_gpus_memory(monkeypatch):
     asked = []
     monkeypatch.setattr(plan_module, "pointer_device", lambda p: asked.append(p) or devices[p])
     plan = object.__new__(plan_module.DcpA2APlan)
-    plan.comm = SimpleNamespace(device=0)
+    plan.comm = SimpleNamespace(device=None)  # (a communicator over MPI picks none)
     plan._device = 0  # the GPU the plan was made on
     plan._on_device = set()
     for _ in range(2):
@@ -92,7 +92,9 @@ def test_plans_refuse_arrays_in_another_gpus_memory(monkeypatch):
     assert asked == [2, 3]
     for _ in range(2):
         with pytest.raises(ValueError, match=r"^cp_attn_lse is in the memory of GPU 1, but this "
-                                             r"plan runs on GPU 0 \(make that GPU current"):
+                                             r"plan runs on GPU 0 \(make that GPU current before "
+                                             r"creating the rank's arrays: "
+                                             r"cupy.cuda.Device\(0\).use\(\)\)$"):
             plan._check_device(cp_attn_out=SimpleNamespace(ptr=2),
                                cp_attn_lse=SimpleNamespace(ptr=1))
     assert asked == [2, 3, 1, 1]
