@@ -23,6 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _nccl_end, _signed
+from ._checks import check_count
 from ._nccl_end import is_capturing
 from ._staged import staged_allgather, staged_alltoall, staged_reduce_scatter
 
@@ -51,15 +52,8 @@ def check_timeout(timeout, name="timeout"):
 
 def check_device(device):
     """``device`` as a GPU ordinal (``None`` stays ``None``): ``TypeError`` unless an
-    integer (not a bool), ``ValueError`` if negative."""
-    if device is None:
-        return None
-    if isinstance(device, (bool, np.bool_)) or not isinstance(device, numbers.Integral):
-        raise TypeError(f"device must be a GPU ordinal or None (got {type(device).__name__} "
-                        f"{device!r})")
-    if device < 0:
-        raise ValueError(f"device must be >= 0 (got {device})")
-    return int(device)
+    integer (not a bool), ``ValueError`` if negative (``_checks.check_count``)."""
+    return None if device is None else check_count(device, "device", 0)
 
 
 class Communicator:

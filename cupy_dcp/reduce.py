@@ -296,7 +296,7 @@ def _reduce_device(strategy, x, lse, comm, return_lse, base_e, out, seq_lens, qu
     try:
         import cupy
     except ImportError:  # every rank raises alike: a plan's creation agrees on it
-        kind(comm, max(B, 1), H, D, dtype, return_lse, base_e)
+        kind(comm, _plan_size(B, seq_lens), H, D, dtype, return_lse, base_e)
         raise
     with cupy.cuda.Device(comm.device):  # stream=None: the current stream of the rank's GPU
         ptr = stream_ptr(stream)
