@@ -54,3 +54,23 @@ def test_a_pack_launch_writes_the_reference(launcher, dependent, ready, graph):
     stream.synchronize()
     expect = pack_reference(xs[0], ls[0].astype(np.float32), n)
     np.testing.assert_array_equal(cupy.asnumpy(send), expect.view(np.uint16))
+
+
+def test_a_kernels_residency_is_counted_once_a_block(monkeypatch):
+    """Each count loads the kernel's module and unloads it. A direct plan counts its
+    kernels' residency, and counting again for every plan lost device memory plan after
+    plan (the direct plans' open-and-close test: 160 KiB a plan on an H100)."""
+    from cupy_dcp.kernels import _launch
+    from cupy_dcp.kernels._launch import SpecializedKernel
+    from cupy_dcp.kernels.pack import pack_kernel
+
+    made = pack_kernel(np.uint16)
+    kernel = SpecializedKernel(made._dispatcher, made.argtypes, launcher="driver")
+    kernel._compiled = False  # counted from its cubin, as a kernel from the disk cache is
+    counted = []
+    count = _launch._resident_blocks
+    monkeypatch.setattr(_launch, "_resident_blocks",
+                        lambda *a: counted.append(a[2]) or count(*a))
+    first = [kernel.resident_blocks(threads) for threads in (128, 256, 128, 256, 128)]
+    assert counted == [128, 256], counted
+    assert first[0] == first[2] == first[4] and first[1] == first[3] and first[0] >= first[1] > 0
