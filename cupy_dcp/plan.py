@@ -264,21 +264,17 @@ class _Plan:
                                                          query_start_loc, ptr)
                 masks = {} if seq_lens is None else dict(seq_lens=mask[0],
                                                          query_start_loc=mask[1])
-                self._check_device(cp_attn_out=x_bits, cp_attn_lse=lse, out=result_arr, **masks)
-                given_out = result_arr  # (the word view below may stage it)
+                lse_arr = None if result_lse is None else (
+                    kernel_array if out_lse is None else output_array)(result_lse, np.float32,
+                                                                       "out_lse")
+                self._check_given(cp_attn_out=x_bits, cp_attn_lse=lse, **masks,
+                                  **({} if out is None else dict(out=result_arr)),
+                                  **({} if out_lse is None else dict(out_lse=lse_arr)))
                 copy_out = None
                 if self._words:
                     given = x_bits
                     x_bits, result_arr, copy_out = self._word_arrays(B, x_bits, result_arr, ptr)
                     in_place = in_place and x_bits is given and copy_out is None
-                lse_arr = None if result_lse is None else (
-                    kernel_array if out_lse is None else output_array)(result_lse, np.float32,
-                                                                       "out_lse")
-                if out_lse is not None:
-                    self._check_device(out_lse=lse_arr)
-                    if out is not None:
-                        _checks.check_apart(dict(out_lse=lse_arr), dict(out=given_out),
-                                            WRITES_BOTH)
                 if self._writes_while_reading:  # the arrays the kernel itself reads and writes
                     _checks.check_apart(
                         dict(out=result_arr, out_lse=lse_arr),
@@ -382,6 +378,16 @@ class _Plan:
                 self._results.clear()
             views = self._results[tokens] = (self._result[:tokens], self._result_lse[:tokens])
         return views
+
+    def _check_given(self, **arrays):
+        """The checks of a call's arrays, made before its partials or result are
+        staged as words: every array in this GPU's memory (:meth:`_check_device`),
+        and the caller's ``out`` and ``out_lse`` apart where ``arrays`` holds both
+        (name them only where the caller passed them)."""
+        self._check_device(**arrays)
+        if "out" in arrays and "out_lse" in arrays:
+            _checks.check_apart(dict(out_lse=arrays["out_lse"]), dict(out=arrays["out"]),
+                                WRITES_BOTH)
 
     def _check_device(self, **arrays):
         """Raise ``ValueError`` for an array in another GPU's memory: the kernels
@@ -488,10 +494,7 @@ class _Plan:
                 given["out"] = output_array(out, self._value, "out")
             if out_lse is not None:
                 given["out_lse"] = output_array(out_lse, np.float32, "out_lse")
-            self._check_device(**given)
-            if out is not None and out_lse is not None:
-                _checks.check_apart(dict(out_lse=given["out_lse"]), dict(out=given["out"]),
-                                    WRITES_BOTH)
+            self._check_given(**given)
             if cupy_stream(stream_ptr(stream)).is_capturing():
                 raise RuntimeError(
                     f"a {type(self).__name__} of one rank cannot be captured in a CUDA graph: "

@@ -168,6 +168,35 @@ def interop_cases(world, comm):
     return have_torch, bool(gpus)
 
 
+def refused_before_staging(world, plan, dtype, D):
+    """A fresh plan refuses an ``out_lse`` that shares memory with ``out`` before it
+    stages the partials as words: 16-bit partials it would copy into a buffer of
+    its own leave that buffer unmade. Then the same call with the two apart runs."""
+    import cupy
+    rank, n = world.Get_rank(), world.Get_size()
+    x, lse = rank_inputs(rank, 99, dtype, D, HN * n)
+    dx, dl = misaligned(cupy.asarray(x)), cupy.asarray(lse)
+    out = cupy.empty((B, HN, D), dtype=dtype)
+    store = cupy.empty(B * HN + 1, dtype=cupy.float32)
+    for out_lse, refused in ((out.view(cupy.uint8)[:, 0, :4 * HN].view(cupy.float32), True),
+                             (store[1:].reshape(B, HN), False)):
+        if refused:
+            try:
+                plan(dx, dl, out=out, out_lse=out_lse.reshape(B, HN))
+            except ValueError as e:
+                assert str(e).startswith("out_lse shares memory with out"), e
+            else:
+                raise AssertionError("out_lse on out's memory was not refused")
+            staged = getattr(plan, "_x_words", None)
+            assert staged is None, f"{type(plan).__name__} staged the partials first"
+        else:
+            got, got_lse = plan(dx, dl, out=out, out_lse=out_lse)
+            assert got is out and got_lse is out_lse
+            ref, ref_lse, scale = expected(world, x, lse, True, False)
+            check_rank_result(host(got, dtype), cupy.asnumpy(got_lse), ref, ref_lse, scale,
+                              f"rank {rank} {type(plan).__name__} {dtype} after a refusal")
+
+
 def plan_cases(world, comm):
     import cupy
     rank, n = world.Get_rank(), world.Get_size()
@@ -175,6 +204,7 @@ def plan_cases(world, comm):
         D = 128
         plan = plan_type(comm, B, HN * n, D, dtype, return_lse=True)
         built = kernel_counts()  # a call builds no kernel: the plan built what it launches
+        refused_before_staging(world, plan, dtype, D)
         # the last call is made while another GPU is current (as JAX leaves it): the plan
         # still runs on its own GPU, stream=None meaning that GPU's current stream
         other = (comm.device + 1) % cupy.cuda.runtime.getDeviceCount()
