@@ -61,7 +61,9 @@ def lse_weighted_combine(outputs, lses, return_lse=False, is_lse_base_on_e=True)
     lse_float32_dtype(lses.dtype, "lses")
     if not (outputs.dtype.kind == "f" or is_bfloat16(outputs.dtype)):
         raise TypeError(f"outputs must be a float array (got dtype {outputs.dtype})")
-    result_dtype = np.float64 if outputs.dtype == np.float64 else np.float32
+    # float64 of either byte order gives float64 (native), as the docstring says
+    result_dtype = np.float64 if outputs.dtype.kind == "f" and outputs.dtype.itemsize == 8 \
+        else np.float32
     exp, log = (np.exp, np.log) if is_lse_base_on_e else (np.exp2, np.log2)
 
     lse = _clean_lse(lses)

@@ -12,7 +12,8 @@ import numpy as np
 from numba import njit, prange
 
 from ._cache import cached_njit
-from ._format import LSE_HALF_BITS, LSE_HALF_MASK, check_flag, check_rank
+from ._format import (LSE_HALF_BITS, LSE_HALF_MASK, WRITES_BOTH, check_flag,
+                      check_not_overlapping, check_rank)
 from ._math import NEG_INF_BITS, build_mask, build_math, build_row_weights
 from ._specs import check_mask_arrays
 
@@ -91,16 +92,42 @@ def _compiled(parallel):
     return pack, combine
 
 
-def _check(name, arr, shape, kinds):
-    """``arr`` must be a NumPy array of ``shape`` whose dtype kind is in ``kinds``: the
-    twins are Numba code without bounds checks, so a wrong size reads or writes past
-    an array instead of raising."""
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))  # the twins' float inputs
+_SUMS = (np.dtype(np.float64),)  # the twins' float results: float64 sums
+
+
+def _check(name, arr, shape, kinds, dtypes=None):
+    """``arr`` must be a NumPy array of ``shape`` whose dtype kind is in ``kinds`` (and,
+    where ``dtypes`` is given, one of them): the twins are Numba code without bounds
+    checks, so a wrong size reads or writes past an array instead of raising."""
     if not isinstance(arr, np.ndarray):
         raise TypeError(f"{name} must be a NumPy array (got {type(arr).__name__})")
     if arr.shape != tuple(int(e) for e in shape):
         raise ValueError(f"{name} must have shape {tuple(shape)} (got {arr.shape})")
     if arr.dtype.kind not in kinds:
         raise TypeError(f"{name} has dtype {arr.dtype}, not one of the kinds {kinds!r}")
+    if dtypes is not None and arr.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype {' or '.join(map(str, dtypes))} in the "
+                        f"machine's byte order (got {arr.dtype.str})")
+
+
+def _check_written(name, arr):
+    """An array a twin writes (``arr``, checked by :func:`_check`): writeable, and no
+    two of its elements in the same memory (the README's rule for written arrays; the
+    twins' threads would race on them)."""
+    if not arr.flags.writeable:
+        raise ValueError(f"{name} must be writeable (got a read-only array)")
+    check_not_overlapping(arr.shape, arr.strides, arr.itemsize, name)
+
+
+def _check_results_apart(out, out_lse):
+    """``ValueError`` where the two results of one call share memory."""
+    try:
+        shared = np.shares_memory(out, out_lse, max_work=1 << 16)
+    except getattr(np, "exceptions", np).TooHardError:
+        shared = True  # not proven apart within the work allowed: refused, as on the GPU
+    if shared:
+        raise ValueError(f"out_lse shares memory with out: {WRITES_BOTH}")
 
 
 def _mask_args(seq_lens, query_start_loc):
@@ -142,6 +169,7 @@ def pack_host(data_bits, lse_bits, send_bits, seq_lens=None, query_start_loc=Non
     if send_bits.dtype != data_bits.dtype:
         raise TypeError(f"send_bits must have data_bits' dtype {data_bits.dtype} "
                         f"(got {send_bits.dtype})")
+    _check_written("send_bits", send_bits)
     pack, _ = _compiled(send_bits.size >= PARALLEL_MIN_ELEMENTS)
     pack(data_bits, lse_bits, *_mask_args(seq_lens, query_start_loc), send_bits)
 
@@ -151,15 +179,20 @@ def combine_host(parts, lses, out, out_lse, is_lse_base_on_e=True):
 
     Writes ``out [B, H/N, D]`` and ``out_lse [B, H/N]``, both float64;
     ``is_lse_base_on_e`` must be ``True`` or ``False`` (``TypeError``), as in every
-    twin that takes it.
+    twin that takes it. The inputs may be float64 too; other dtypes are refused
+    (``TypeError``), and so are results that are read-only, have two elements in
+    the same memory or share memory with each other (``ValueError``).
     """
     if not isinstance(parts, np.ndarray) or parts.ndim != 4:
         raise ValueError("parts must be a [N, B, H/N, D] NumPy array")
     n, b, hn, d = parts.shape
-    _check("parts", parts, (n, b, hn, d), "f")
-    _check("lses", lses, (n, b, hn), "f")
-    _check("out", out, (b, hn, d), "f")
-    _check("out_lse", out_lse, (b, hn), "f")
+    _check("parts", parts, (n, b, hn, d), "f", _FLOATS)
+    _check("lses", lses, (n, b, hn), "f", _FLOATS)
+    _check("out", out, (b, hn, d), "f", _SUMS)
+    _check("out_lse", out_lse, (b, hn), "f", _SUMS)
+    _check_written("out", out)
+    _check_written("out_lse", out_lse)
+    _check_results_apart(out, out_lse)
     _, combine = _compiled(parts.size >= PARALLEL_MIN_ELEMENTS)
     combine(parts, lses, out, out_lse, check_flag(is_lse_base_on_e, "is_lse_base_on_e"))
 
@@ -201,6 +234,8 @@ def mask_lse_host(lse, seq_lens, query_start_loc):
     if seq_lens is not None:
         if not isinstance(lse, np.ndarray) or lse.ndim != 2 or lse.dtype.kind != "f":
             raise ValueError("lse must be a [B, H] float NumPy array")
+        _check("lse", lse, lse.shape, "f", _FLOATS)
+        _check_written("lse", lse)
         _compiled_agrs()[0](lse, *mask)
 
 
@@ -208,30 +243,35 @@ def agrs_correct_host(data, lses, self_rank, corrected, is_lse_base_on_e=True):
     """AG+RS correction: ``corrected[r, b, h] = w_self * data[b, r*H/N + h]`` (float64).
 
     ``data [B, H, D]`` float32, ``lses [N, B, H]`` float32 (every rank's), and
-    ``w_self`` this rank's exact weight (0 for an empty shard: its term is 0).
+    ``w_self`` this rank's exact weight (0 for an empty shard: its term is 0). The
+    inputs may be float64 too, and ``corrected`` must be float64, writeable, with no
+    two elements in the same memory.
     """
     if not isinstance(lses, np.ndarray) or lses.ndim != 3 or lses.shape[0] < 1 or \
             lses.shape[2] % lses.shape[0]:
         raise ValueError("lses must be a [N, B, H] NumPy array, N dividing H")
     n, b, h = lses.shape
-    _check("lses", lses, (n, b, h), "f")
+    _check("lses", lses, (n, b, h), "f", _FLOATS)
     if not isinstance(data, np.ndarray) or data.ndim != 3:
         raise ValueError("data must be a [B, H, D] NumPy array")
-    _check("data", data, (b, h, data.shape[2]), "f")
-    _check("corrected", corrected, (n, b, h // n, data.shape[2]), "f")
+    _check("data", data, (b, h, data.shape[2]), "f", _FLOATS)
+    _check("corrected", corrected, (n, b, h // n, data.shape[2]), "f", _SUMS)
+    _check_written("corrected", corrected)
     check_rank(self_rank, n)
     base_e = check_flag(is_lse_base_on_e, "is_lse_base_on_e")
     _compiled_agrs()[1](data, lses, int(self_rank), base_e, corrected)
 
 
 def agrs_lse_host(lses, self_rank, local_heads, out_lse, is_lse_base_on_e=True):
-    """The global LSE ``out_lse [B, H/N]`` (float64) of this rank's heads from ``lses [N, B, H]``."""
+    """The global LSE ``out_lse [B, H/N]`` (float64, writeable, no two elements in the
+    same memory) of this rank's heads from ``lses [N, B, H]`` (float32 or float64)."""
     if not isinstance(lses, np.ndarray) or lses.ndim != 3 or \
             lses.shape[2] != lses.shape[0] * int(local_heads):
         raise ValueError(f"lses must be a [N, B, H] NumPy array with H = N * local_heads "
                          f"({local_heads})")
-    _check("lses", lses, lses.shape, "f")
-    _check("out_lse", out_lse, (lses.shape[1], int(local_heads)), "f")
+    _check("lses", lses, lses.shape, "f", _FLOATS)
+    _check("out_lse", out_lse, (lses.shape[1], int(local_heads)), "f", _SUMS)
+    _check_written("out_lse", out_lse)
     check_rank(self_rank, lses.shape[0])
     base_e = check_flag(is_lse_base_on_e, "is_lse_base_on_e")
     _compiled_agrs()[2](lses, int(self_rank), int(local_heads), base_e, out_lse)

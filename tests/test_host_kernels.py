@@ -298,3 +298,60 @@ def test_the_host_twins_check_masks_and_flags_as_the_kernels_do():
     out_lse = np.zeros((3, 2))
     combine_host(parts, lses, np.zeros((3, 2, 8)), out_lse, np.False_)  # NumPy's bool is one
     np.testing.assert_array_equal(out_lse, np.float64(1.0))  # log2(2 * 2**0)
+
+
+def test_the_host_twins_refuse_results_they_would_write_wrong():
+    """A twin's results must be writeable float64 (pack_host's its bits), with no two
+    elements in the same memory and, for the combine, apart from each other: else
+    rows would overwrite each other (and race where the twins run threads). Inputs
+    of a dtype Numba cannot weigh are refused by name."""
+    from numpy.lib.stride_tricks import as_strided
+
+    from cupy_dcp.kernels import agrs_correct_host, agrs_lse_host, mask_lse_host
+
+    parts = np.arange(24, dtype=np.float32).reshape(2, 2, 2, 3)
+    lses = np.zeros((2, 2, 2), np.float32)
+    broadcast = as_strided(np.zeros(3), (2, 2, 3), (0, 0, 8))
+    with pytest.raises(ValueError, match=r"^out must not have elements that share memory"):
+        combine_host(parts, lses, broadcast, np.zeros((2, 2)))
+    frozen = np.zeros((2, 2))
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match=r"^out_lse must be writeable"):
+        combine_host(parts, lses, np.zeros((2, 2, 3)), frozen)
+    store = np.zeros(2 * 2 * 3 + 4)
+    out = store[:12].reshape(2, 2, 3)
+    with pytest.raises(ValueError, match=r"^out_lse shares memory with out: the call writes "
+                                         r"both"):
+        combine_host(parts, lses, out, store[9:13].reshape(2, 2))  # on out's last 3
+    combine_host(parts, lses, out, store[12:].reshape(2, 2))  # apart in one buffer: runs
+    np.testing.assert_array_equal(out, (parts[0] + parts[1]) / 2)  # equal LSEs: the mean
+    np.testing.assert_array_equal(store[12:], np.log(2.0))
+    for name, bad in (("parts", parts.astype(np.float16)), ("lses", lses.astype(np.float16)),
+                      ("out", np.zeros((2, 2, 3), np.float32)),
+                      ("out_lse", np.zeros((2, 2), np.dtype(np.float64).newbyteorder()))):
+        args = dict(parts=parts, lses=lses, out=np.zeros((2, 2, 3)), out_lse=np.zeros((2, 2)))
+        args[name] = bad
+        with pytest.raises(TypeError, match=f"^{name} must have dtype "):
+            combine_host(**args)
+    data, lse_bits = np.zeros((2, 4, 8), np.uint16), np.zeros((2, 4), np.uint32)
+    send = np.zeros((2, 2, 2, 10), np.uint16)
+    send.flags.writeable = False
+    with pytest.raises(ValueError, match=r"^send_bits must be writeable"):
+        pack_host(data, lse_bits, send)
+    with pytest.raises(ValueError, match=r"^send_bits must not have elements that share"):
+        pack_host(data, lse_bits, as_strided(np.zeros(10, np.uint16), (2, 2, 2, 10),
+                                             (0, 0, 0, 2)))
+    with pytest.raises(ValueError, match=r"^corrected must not have elements that share"):
+        agrs_correct_host(np.zeros((2, 4, 8), np.float32), np.zeros((2, 2, 4), np.float32), 0,
+                          as_strided(np.zeros(8), (2, 2, 2, 8), (0, 0, 0, 8)))
+    with pytest.raises(TypeError, match=r"^data must have dtype "):
+        agrs_correct_host(np.zeros((2, 4, 8), np.float16), np.zeros((2, 2, 4), np.float32), 0,
+                          np.zeros((2, 2, 2, 8)))
+    with pytest.raises(ValueError, match=r"^out_lse must not have elements that share"):
+        agrs_lse_host(np.zeros((2, 2, 4), np.float32), 0, 2,
+                      as_strided(np.zeros(2), (2, 2), (0, 8)))
+    masked = np.zeros((2, 4), np.float32)
+    masked.flags.writeable = False
+    with pytest.raises(ValueError, match=r"^lse must be writeable"):
+        mask_lse_host(masked, np.array([1]), np.array([0, 1]))
+

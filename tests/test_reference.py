@@ -88,8 +88,10 @@ def test_bad_partial_on_zero_weight_shard_adds_exactly_zero(lse_other, bad):
 
 @pytest.mark.parametrize("dtype, expected", [
     (np.float64, np.float64), (np.float32, np.float32),
-    (np.float16, np.float32), (BFLOAT16, np.float32)],
-    ids=["float64", "float32", "float16", "bfloat16"])
+    (np.float16, np.float32), (BFLOAT16, np.float32),
+    (np.dtype(np.float64).newbyteorder(), np.float64),
+    (np.dtype(np.float32).newbyteorder(), np.float32)],
+    ids=["float64", "float32", "float16", "bfloat16", "float64-swapped", "float32-swapped"])
 def test_result_dtype(dtype, expected):
     x = _partials(2).astype(dtype)
     out, lse = lse_weighted_combine(x, _lses([0.0, 1.0]), return_lse=True)
