@@ -102,13 +102,16 @@ def kernel_cache_dir(env=os.environ):
     ``CUPY_DCP_CACHE`` than ``0`` or ``1`` is a ``ValueError``), a
     ``CUPY_DCP_CACHE_DIR`` names it (``~`` expanded, made absolute here, so that
     a later ``chdir`` does not move it), else ``$XDG_CACHE_HOME/cupy_dcp`` (or
-    ``~/.cache/cupy_dcp``)."""
+    ``~/.cache/cupy_dcp``: an ``XDG_CACHE_HOME`` that is not an absolute path is
+    ignored, as the XDG specification asks)."""
     if _flag(env, "CUPY_DCP_CACHE") is False:
         return None
     path = env.get("CUPY_DCP_CACHE_DIR")
     if path is not None:
         return os.path.abspath(os.path.expanduser(path)) if path else None
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = env.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.abspath(os.path.join(base, "cupy_dcp"))
 
 

@@ -16,8 +16,10 @@ compute capability, which the first process to load a kernel on a GPU links
 into a cubin (and stores). The cache is the one a run would use
 (``cupy_dcp.kernels._cache``: ``CUPY_DCP_CACHE_DIR`` moves it). Prints a
 line per kernel and a summary; exits 1 if the cache is off or a kernel compiled
-was not stored (an unwritable folder, say), 2 for bad arguments or, without
-``--cc``, no GPU.
+or linked was not stored (an unwritable folder, say, or a kernel the cache
+cannot hold), 2 for bad arguments (a ``--cc`` that NVRTC does not list among
+the capabilities it compiles for, a ``CUPY_DCP_CACHE`` other than 0 or 1), under
+the CUDA simulator (which caches nothing) or, without ``--cc``, with no GPU.
 """
 
 import argparse
@@ -61,6 +63,11 @@ def parse(argv):
         if args.cc < MIN_CC:
             parser.error(f"--cc must be {MIN_CC[0]}.{MIN_CC[1]} or later, as NVVM compiles "
                          f"for (got {args.cc[0]}.{args.cc[1]})")
+        known = _known_capabilities()
+        if known and args.cc not in known:  # (NVVM would quietly target the one below)
+            parser.error(f"--cc must be a compute capability the CUDA toolkit knows: "
+                         f"{', '.join(f'{a}.{b}' for a, b in known)} (got {args.cc[0]}."
+                         f"{args.cc[1]})")
     for name in ("heads", "head_dim", "world_size", "max_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
@@ -68,6 +75,17 @@ def parse(argv):
         parser.error(f"--heads must be a multiple of --world-size (got {args.heads} heads "
                      f"for {args.world_size} ranks)")
     return args
+
+
+def _known_capabilities():
+    """The compute capabilities NVRTC lists (NVVM's targets are the same), or ``()``
+    where it cannot be asked."""
+    try:
+        from numba.cuda.cudadrv import nvrtc
+
+        return tuple(sorted(tuple(cc) for cc in nvrtc.get_supported_ccs()))
+    except Exception:  # no NVRTC library, or a numba-cuda without the call
+        return ()
 
 
 def tasks(args):
@@ -108,8 +126,19 @@ def _current_capability():
 
 def main(argv=None):
     args = parse(sys.argv[1:] if argv is None else argv)
+    from numba import config
+
     from .kernels import _cache
 
+    if config.ENABLE_CUDASIM:
+        print("the CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1): it compiles no kernels, "
+              "and nothing is cached under it", file=sys.stderr)
+        return 2
+    try:
+        folder = _cache.cache_dir()
+    except ValueError as exc:  # CUPY_DCP_CACHE neither 0 nor 1
+        print(exc, file=sys.stderr)
+        return 2
     if args.cc is not None:
         from .kernels._launch import choose_launcher
 
@@ -122,7 +151,6 @@ def main(argv=None):
             print("there is no CUDA GPU here: pass --cc MAJOR.MINOR (9.0 for Hopper) to store "
                   "PTX for that compute capability", file=sys.stderr)
             return 2
-    folder = _cache.cache_dir()
     if folder is None:
         print("the kernel cache is off (CUPY_DCP_CACHE=0 or CUPY_DCP_CACHE_DIR empty): "
               "nothing to fill", file=sys.stderr)
@@ -139,10 +167,11 @@ def main(argv=None):
     print(f"{target} in {folder}: {counts['compiled']} compiled, {counts['loaded']} already "
           f"there, {counts['stored']} stored, in {time.perf_counter() - start:.1f} s",
           flush=True)
-    if counts["compiled"] > counts["stored"]:
-        print(f"{counts['compiled'] - counts['stored']} of the kernels compiled were not "
-              f"stored (an unwritable folder: see the warnings above; or kernels that the cache "
-              f"cannot hold)", file=sys.stderr)
+    missing = counts["unstored"] + counts["uncacheable"]
+    if missing:
+        print(f"{missing} of the kernels compiled or linked were not stored (an unwritable "
+              f"folder: see the warnings above; or kernels that the cache cannot hold)",
+              file=sys.stderr)
         return 1
     return 0
 

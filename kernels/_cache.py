@@ -29,7 +29,7 @@ its address) is never cached: it compiles every time.
 
 Safety: an entry is written to a temporary file in the same folder, then
 renamed over its name (``os.replace``), so readers on several ranks never see
-half a file. Entries get the permissions the process's umask gives new files
+half a file. Entries get the permissions the process's umask (at the write) gives new files
 (a cache filled by one user, an image's build say, is readable by others). Each entry carries its whole key and a SHA-256 of its contents:
 a corrupt or truncated entry, or one of another key, is ignored (with a
 :class:`CacheWarning` for a corrupt one) and rebuilt. Nothing is evicted: an
@@ -71,7 +71,8 @@ class CacheWarning(UserWarning):
 _UNSET = object()
 _state = {"dir": _UNSET, "writable": True, "default": None}
 _lock = threading.Lock()
-_counts = {"compiled": 0, "loaded": 0, "stored": 0, "rebuilt": 0, "uncacheable": 0}
+_counts = {"compiled": 0, "loaded": 0, "stored": 0, "unstored": 0, "rebuilt": 0,
+           "uncacheable": 0}
 _warned = set()
 
 
@@ -102,7 +103,8 @@ def cache_dir():
 
 def stats():
     """This process's counts: ``compiled`` (kernels compiled here), ``loaded`` (from
-    the cache), ``stored``, ``rebuilt`` (corrupt entries replaced) and
+    the cache), ``stored``, ``unstored`` (entries not written: the folder could not
+    be, or no longer is, written), ``rebuilt`` (corrupt entries replaced) and
     ``uncacheable`` (kernels with no stable key)."""
     with _lock:
         return dict(_counts)
@@ -321,8 +323,8 @@ def _load(key):
     path = _entry_path(folder, key)
     try:
         blob = path.read_bytes()
-    except FileNotFoundError:
-        return None
+    except (FileNotFoundError, NotADirectoryError):  # no entry, or no folder yet (the
+        return None  # write that would make it warns, once)
     except OSError as exc:
         _warn_once(("read", folder), f"the kernel cache folder {folder} cannot be read ({exc}); "
                                      "compiling without it")
@@ -359,7 +361,10 @@ def _parse(blob):
 def _store(key, meta, payload):
     """Write the entry of ``key`` atomically; on failure, warn once and stop writing."""
     folder = cache_dir()
-    if folder is None or not _state["writable"]:
+    if folder is None:
+        return
+    if not _state["writable"]:
+        _count("unstored")
         return
     header = json.dumps({"key": key, "meta": meta}).encode()
     body = len(header).to_bytes(8, "little") + header + bytes(payload)
@@ -376,6 +381,7 @@ def _store(key, meta, payload):
         _count("stored")
     except OSError as exc:
         _state["writable"] = False
+        _count("unstored")
         _warn_once(("write", folder), f"the kernel cache folder {folder} cannot be written "
                                       f"({exc}); compiling without caching")
     finally:
@@ -384,10 +390,9 @@ def _store(key, meta, payload):
                 os.unlink(temp)
 
 
-@functools.cache
 def _umask():
-    """This process's umask: read from ``/proc`` where it is (setting it to read it
-    back would race with threads creating files), else set and restored."""
+    """This process's umask at the time of a write: read from ``/proc`` where it is,
+    else :func:`_umask_set_once`."""
     try:
         with open("/proc/self/status") as status:
             for line in status:
@@ -395,6 +400,13 @@ def _umask():
                     return int(line.split()[1], 8)
     except (OSError, ValueError, IndexError):
         pass
+    return _umask_set_once()
+
+
+@functools.cache
+def _umask_set_once():
+    """The umask where ``/proc`` does not tell it: set and restored, once a process
+    (doing so again would race with threads creating files)."""
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

@@ -52,11 +52,24 @@ def test_warmup_fills_the_cache_for_a_named_capability(tmp_path):
     (["--dtype", "int8", "--cc", "9.0"], "--dtype must be float16, bfloat16 or float32 "
                                          "(got 'int8')"),
     ([], "there is no CUDA GPU here: pass --cc MAJOR.MINOR"),  # (on a machine without one)
-], ids=["cc", "old_cc", "plans", "no_plans", "dtype", "no_gpu"])
+    (["--cc", "7.9"], "--cc must be a compute capability the CUDA toolkit knows: 7.5, 8.0"),
+    (["--cc", "9.-1"], "--cc must be a compute capability the CUDA toolkit knows"),
+    (["--cc", "9.0", "CUPY_DCP_CACHE=yes"], "CUPY_DCP_CACHE must be 0 or 1 (got 'yes')"),
+    (["--cc", "9.0", "NUMBA_ENABLE_CUDASIM=1"], "the CUDA simulator is on"),
+], ids=["cc", "old_cc", "plans", "no_plans", "dtype", "no_gpu", "unknown_cc", "negative_cc",
+        "cache_switch", "simulator"])
 def test_warmup_rejects_bad_arguments(tmp_path, argv, message):
     if not argv and gpu_count() > 0:
         pytest.skip("checks the message given where there is no GPU")
-    proc = warm(tmp_path, *argv)
+    if "toolkit knows" in message:
+        from cupy_dcp.warmup import _known_capabilities
+
+        if not _known_capabilities():
+            skip_without_toolchain("NVRTC cannot list the compute capabilities here")
+    env = dict(a.split("=", 1) for a in argv if "=" in a)
+    argv = [a for a in argv if "=" not in a]
+    proc = subprocess.run(WARMUP + argv, capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, CUPY_DCP_CACHE_DIR=str(tmp_path), **env))
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, \
         proc.stderr
 
@@ -71,6 +84,34 @@ def test_warmup_that_stores_nothing_fails(tmp_path):
     proc = warm(tmp_path / "afile" / "cache", "--cc", "9.0", "--plans", "agrs")
     assert proc.returncode == 1 and "were not stored" in proc.stderr, proc.stderr[-3000:]
     assert ", 0 stored" in proc.stdout, proc.stdout
+
+
+STORE_FAILS = """
+import errno, os, sys
+from cupy_dcp import warmup
+from cupy_dcp.kernels import _cache
+replace, calls = os.replace, []
+def full(src, dst):  # the disk fills after the first entry
+    calls.append(dst)
+    if len(calls) > 1:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    replace(src, dst)
+_cache.os.replace = full
+sys.exit(warmup.main(sys.argv[1:]))
+"""
+
+
+def test_warmup_whose_folder_fills_fails(tmp_path):
+    """A write that fails after others succeeded (a disk that fills) still fails the
+    run: the kernels it did not store are counted, not inferred from the stores."""
+    problem = _toolchain_problem()
+    if problem:
+        skip_without_toolchain(f"no NVVM here: {problem}")
+    proc = subprocess.run([sys.executable, "-c", STORE_FAILS] + WARMUP[3:] +
+                          ["--cc", "9.0", "--plans", "agrs"], capture_output=True, text=True,
+                          timeout=900, env=dict(os.environ, CUPY_DCP_CACHE_DIR=str(tmp_path)))
+    assert proc.returncode == 1 and "were not stored" in proc.stderr, proc.stderr[-3000:]
+    assert ", 1 stored" in proc.stdout and len(entries(tmp_path)) == 1, proc.stdout
 
 
 def test_warmup_with_the_cache_off_says_so(tmp_path):
