@@ -22,8 +22,9 @@ argument types, the target (compute capability; the host CPU for ``njit``),
 the compile options (for ``njit``, also Numba's switches that change machine
 code: ``NUMBA_BOUNDSCHECK``, ``NUMBA_OPT``, ...), and the versions of Python,
 NumPy, Numba, llvmlite, numba-cuda, NVVM (its API and IR versions and its
-release, read off the PTX it writes), the CUDA driver that linked a cubin, and
-this package. A kernel
+release, read off the PTX it writes), what linked a cubin (the CUDA driver's API
+version and release, nvJitLink, cuda-core and cuda-bindings: :func:`_linker_versions`),
+and this package. A kernel
 whose captured values have no stable description (an object known only by
 its address) is never cached: it compiles every time.
 
@@ -427,9 +428,49 @@ def _cuda_fields(dispatcher, argtypes, cc):
 
 
 def _driver_fields():
+    """What links a cubin from PTX here: the driver's CUDA API version, and
+    :func:`_linker_versions`."""
     from numba.cuda.cudadrv import driver
 
-    return {"driver": list(driver.get_version())}
+    return {"driver": list(driver.get_version()), **_linker_versions()}
+
+
+@functools.cache
+def _linker_versions():
+    """The linkers' releases, which one driver API version spans many of: the
+    driver's own (:func:`_driver_release`), and nvJitLink's with the cuda-core and
+    cuda-bindings that call it (cuda.core's ``Linker``, which numba-cuda links
+    through, takes nvJitLink where its library loads, else the driver's).
+    ``None`` for what cannot be read: a key never fails for want of one."""
+    from importlib import metadata
+
+    fields = {"driver_release": _driver_release()}
+    for dist in ("cuda-core", "cuda-bindings"):
+        try:
+            fields[dist] = metadata.version(dist)
+        except Exception:  # not installed, or unreadable metadata
+            fields[dist] = None
+    try:
+        from cuda.bindings import nvjitlink
+
+        fields["nvjitlink"] = list(nvjitlink.version())
+    except Exception:  # no nvJitLink library here: the driver links
+        fields["nvjitlink"] = None
+    return fields
+
+
+def _driver_release(path="/proc/driver/nvidia/version"):
+    """The NVIDIA kernel module's release (``"580.159.04"``) from ``path``, or
+    ``None`` where it cannot be read."""
+    try:
+        with open(path) as f:
+            text = f.read(4096)
+    except (OSError, UnicodeDecodeError):
+        return None
+    import re
+
+    found = re.search(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)", text)
+    return found.group(1) if found else None
 
 
 def cuda_image(dispatcher, argtypes, cc):

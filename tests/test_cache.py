@@ -181,6 +181,39 @@ def test_the_nvvm_release_is_in_cuda_keys():
     assert release is not None and release.split(",")[0].count(".") == 1, release
 
 
+def test_the_linkers_releases_are_in_cubin_keys(tmp_path, monkeypatch):
+    """One driver API version (13.0) spans many driver releases, and cuda.core links
+    with nvJitLink where its library loads: what linked a cubin keys it, read without
+    ever failing (``None`` for what is not there)."""
+    from importlib import metadata
+
+    from numba.cuda.cudadrv import driver
+
+    def installed(dist):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    monkeypatch.setattr(driver, "get_version", lambda: (13, 0))
+    fields = _cache._driver_fields()
+    assert set(fields) == {"driver", "driver_release", "cuda-core", "cuda-bindings",
+                           "nvjitlink"}, fields
+    assert fields["driver"] == [13, 0]
+    assert fields["cuda-core"] == installed("cuda-core")
+    assert fields["cuda-bindings"] == installed("cuda-bindings")
+    version = tmp_path / "version"
+    for text, release in (
+            ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Thu Oct  9 2025\n"
+             "GCC version:  gcc version 12.3.0\n", "580.159.04"),
+            ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release "
+             "Build\n", "580.95.05"),
+            ("no module here\n", None)):
+        version.write_text(text)
+        assert _cache._driver_release(str(version)) == release, text
+    assert _cache._driver_release(str(tmp_path / "absent")) is None
+
+
 @pytest.fixture
 def own_cache(tmp_path):
     """This process's cache in ``tmp_path`` for one test, then back as it was."""
