@@ -61,17 +61,29 @@ def cell_of(row):
 
 def load(paths):
     """``(rows, device copy GB/s of each row)`` of the kernel bench's JSON files
-    ``paths``, keyed ``(cell, kernel)``; each file's rate is the larger of its
-    ``memcpy_gbs`` and ``vector_copy_gbs``, what its ``pct_device_copy`` is of."""
+    ``paths``, keyed ``(cell, kernel)``. A row's rate is what its
+    ``pct_device_copy`` is of: its own ``device_copy_gbs`` where it has one (a file
+    that merges several runs, one a dtype, say, gives each row its run's), else the
+    larger of its file's ``memcpy_gbs`` and ``vector_copy_gbs``."""
     rows, rates = {}, {}
     for path in paths:
         with open(path) as f:
             data = json.load(f)
+        if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+            raise SystemExit(f"{path}: not the kernel bench's JSON (no 'rows' list)")
         rate = max(data["meta"]["memcpy_gbs"], data["meta"]["vector_copy_gbs"])
         for row in data["rows"]:
             key = cell_of(row), row["kernel"]
-            rows[key], rates[key] = row, rate
+            rows[key], rates[key] = row, row.get("device_copy_gbs", rate)
     return rows, rates
+
+
+def over(us, floor_us):
+    """``us - floor_us`` as the bench rounds its figures (to the ns): 1.403 - 0.703
+    is 0.7, not 0.7000000000000001."""
+    return round(us - floor_us, 3)
+
+
 
 
 def vllm_lines(rows):
@@ -105,10 +117,10 @@ def near_empty(rows, kernel):
     """``(cells, within, over where the copy floor is within, over with the copy
     floor over too)`` of ``kernel`` at ``B <= 32``."""
     cells = [r for (cell, k), r in rows.items() if k == kernel and cell[2] <= SMALL_TOKENS]
-    within = [r for r in cells if r["us"] - r["empty_us"] <= NEAR_EMPTY_US]
-    over = [r for r in cells if r["us"] - r["empty_us"] > NEAR_EMPTY_US]
-    copy_within = [r for r in over if r["copy_us"] - r["empty_us"] <= NEAR_EMPTY_US]
-    return len(cells), len(within), copy_within, len(over) - len(copy_within)
+    within = [r for r in cells if over(r["us"], r["empty_us"]) <= NEAR_EMPTY_US]
+    beyond = [r for r in cells if over(r["us"], r["empty_us"]) > NEAR_EMPTY_US]
+    copy_within = [r for r in beyond if over(r["copy_us"], r["empty_us"]) <= NEAR_EMPTY_US]
+    return len(cells), len(within), copy_within, len(beyond) - len(copy_within)
 
 
 def copy_rate(rows, rates, kernel):

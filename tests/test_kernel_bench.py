@@ -164,3 +164,35 @@ def test_kernel_targets_reads_the_issue_targets_off_the_json(tmp_path):
     assert kt.mask_costs(got) == pytest.approx([0.55])
     text = "\n".join(kt.report(got, rates, verbose=True))
     assert "over 0.5 us in 1 of 1 cells" in text and "float32 N=4 B=8 32x128" in text
+
+
+def test_kernel_targets_counts_as_the_bench_rounds_and_each_run_its_rate(tmp_path):
+    """A kernel 0.700 us over the empty kernel is within 0.7 (1.403 - 0.703 is not
+    0.7 in floats), and in a file of several runs each row's copy share is of its own
+    run's rate (``device_copy_gbs``), not of the first run's ``meta``."""
+    from benchmarks import kernel_targets as kt
+
+    def row(case, kernel, us, empty, copy, rate=None):
+        got = kernel_row(case, kernel, us, empty, copy, 10**6, 10**6, rate or 2000.0, (1,),
+                         (32,))
+        if rate is not None:
+            got["device_copy_gbs"] = rate
+        return got
+
+    exact = ("bfloat16", 2, 8, 64, 128)
+    assert 1.403 - 0.703 > 0.7
+    big = ("float16", 8, 512, 32, 128)
+    rows = [row(exact, "combine", 1.403, 0.703, 1.30),
+            # 2 MB: the copy's 1.175 us is 85.1 % of 2000 GB/s but 84.9 % of 2005
+            row(big, "combine", 1.50, 0.50, 1.175, rate=2005.0)]
+    path = tmp_path / "k.json"
+    write_rows(path, rows, dict(memcpy_gbs=1500.0, vector_copy_gbs=2000.0))
+    got, rates = kt.load([path])
+    assert kt.near_empty(got, "combine")[:2] == (1, 1)
+    assert rates[kt.cell_of(rows[1]), "combine"] == 2005.0
+    cells, reach, gap, floor = kt.copy_rate(got, rates, "combine")
+    assert (cells, reach, gap, floor) == (1, 0, [], 1)
+    with open(tmp_path / "other.json", "w") as f:
+        f.write("[]")
+    with pytest.raises(SystemExit, match="not the kernel bench's JSON"):
+        kt.load([tmp_path / "other.json"])
