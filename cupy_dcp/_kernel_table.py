@@ -11,12 +11,14 @@ pct_device_copy, grid, block, host_us``.
 
 import argparse
 import json
+import os
 
 DTYPES = ("bfloat16", "float16", "float32")
 SHAPES = ((128, 512), (32, 128), (64, 128))  # (H, D) of the issue's table
 KERNELS = ("pack", "pack_masked", "combine", "agrs_correct", "agrs_finish")
 
-__all__ = ["DTYPES", "KERNELS", "SHAPES", "add_kernel_args", "check_kernel_args", "dtype_list",
+__all__ = ["DTYPES", "KERNELS", "SHAPES", "add_kernel_args", "check_kernel_args",
+           "check_output_path", "dtype_list",
            "kernel_cases", "kernel_list", "kernel_row", "kernel_table", "parse_shapes",
            "write_rows"]
 
@@ -96,6 +98,10 @@ def check_kernel_args(args):
     names = dtype_list(args.dtype)
     if not args.kernels and len(names) != 1:
         raise ValueError(f"dtype must be one name without --kernels (got {args.dtype!r})")
+    args.dtype = ",".join(names)  # as checked: " bfloat16," is bfloat16
+    if args.heads < 1 or args.head_dim < 1:
+        raise ValueError(f"heads and head-dim must be >= 1 (got {args.heads} and "
+                         f"{args.head_dim})")
     if not args.world_size or any(n < 1 for n in args.world_size):
         raise ValueError(f"world-size must be a comma list of N >= 1 (got {args.world_size})")
     bad = [(n, h) for n in args.world_size for h, _ in args.shapes if h % n]
@@ -106,6 +112,16 @@ def check_kernel_args(args):
         raise ValueError(f"tokens must be a comma list of B >= 1 (got {args.tokens})")
     if args.calls < 1 or args.reps < 1:
         raise ValueError(f"calls and reps must be >= 1 (got {args.calls} and {args.reps})")
+
+
+def check_output_path(path, option):
+    """``ValueError`` where ``path`` (an output file, ``None`` for none) is in a folder
+    that does not exist: said before the timing, not after it."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{option}: the folder of {path} does not exist")
 
 
 def kernel_cases(dtypes, world_sizes, shapes, tokens):

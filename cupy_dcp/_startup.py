@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 
+from ._kernel_table import check_output_path
+
 KINDS = ("host", "a2a", "direct", "agrs")
 
 
@@ -47,6 +49,13 @@ def parse(argv):
     args = p.parse_args(argv)
     if args.ranks < 1:
         p.error(f"--ranks must be >= 1 (got {args.ranks})")
+    for name in ("tokens", "heads", "head_dim"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
+    try:
+        check_output_path(args.json_path, "--json")
+    except ValueError as exc:
+        p.error(str(exc))
     if args.kinds:
         args.kinds = [k for k in args.kinds.split(",") if k]
         bad = [k for k in args.kinds if k not in KINDS]

@@ -33,7 +33,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ._kernel_table import add_kernel_args, check_kernel_args
+from ._kernel_table import add_kernel_args, check_kernel_args, check_output_path
 from .comm import Communicator
 from .layout import as_dtype, bits_dtype, send_buffer_shape
 
@@ -79,14 +79,18 @@ def parse_args(argv=None, extra_cases=(), prog=None):
                         "cProfile) and print the top functions")
     add_kernel_args(p)
     args = p.parse_args(argv)
-    unknown = [s for s in args.strategies.split(",") if s and s not in known]
-    if unknown:
-        p.error(f"--strategies: unknown {', '.join(unknown)} (expected some of {', '.join(known)})")
+    named = [s for s in args.strategies.split(",") if s]
+    unknown = [s for s in named if s not in known]
+    if unknown or not named:
+        p.error(f"--strategies: unknown {', '.join(unknown)} (expected some of {', '.join(known)})"
+                if unknown else f"--strategies names none (got {args.strategies!r})")
     modes = [m for m in args.mode.split(",") if m]
     if not modes or any(m not in MODES for m in modes):
         p.error(f"--mode takes graph, eager or both, comma-separated (got {args.mode!r})")
     try:
         check_kernel_args(args)
+        check_output_path(args.json_path, "--json")
+        check_output_path(args.plot_path, "--plot")
     except ValueError as exc:
         p.error(str(exc))
     return args

@@ -27,11 +27,26 @@ def test_a_script_adds_its_own_strategies():
     (["--mode", "graphs"], "--mode takes graph, eager or both, comma-separated (got 'graphs')"),
     (["--mode", ","], "--mode takes graph, eager or both, comma-separated (got ',')"),
     (["--tokens", "1,a"], "argument --tokens: expected comma-separated integers (got '1,a')"),
-], ids=["mode", "no_mode", "tokens"])
+    (["--strategies", ","], "--strategies names none (got ',')"),
+    (["--heads", "0"], "heads and head-dim must be >= 1 (got 0 and 512)"),
+    (["--head-dim", "-4"], "heads and head-dim must be >= 1 (got 128 and -4)"),
+    (["--json", "no-such-folder/x.json"], "--json: the folder of no-such-folder/x.json does "
+                                          "not exist"),
+    (["--plot", "no-such-folder/x.png"], "--plot: the folder of no-such-folder/x.png does "
+                                         "not exist"),
+], ids=["mode", "no_mode", "tokens", "no_strategies", "heads", "head_dim", "json", "plot"])
 def test_bad_arguments_are_usage_errors(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_:
         bench.parse_args(argv)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_dtype_is_taken_as_checked():
+    """The name the check read (spaces and empty items dropped) is the one a run uses:
+    " bfloat16," passed the check and then failed the run."""
+    assert bench.parse_args(["--dtype", " bfloat16,"]).dtype == "bfloat16"
+    assert bench.parse_args(["--kernels", "--dtype", "float16, float32"]).dtype == \
+        "float16,float32"
 
 
 def test_a_script_names_itself_in_the_help(capsys):

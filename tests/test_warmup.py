@@ -138,11 +138,17 @@ def test_startup_of_the_host_path_cold_then_warm(tmp_path):
     assert "host         2 cold" in proc.stdout and "host         2 warm" in proc.stdout
 
 
-def test_startup_refuses_options_it_does_not_take():
-    proc = subprocess.run([sys.executable, "-m", "cupy_dcp.bench", "--startup", "--tokenz", "4"],
+@pytest.mark.parametrize("argv, message", [
+    (["--tokenz", "4"], "unrecognized arguments: --tokenz 4"),
+    (["--tokens", "0"], "--tokens must be >= 1 (got 0)"),
+    (["--head-dim", "-1"], "--head-dim must be >= 1 (got -1)"),
+    (["--json", "no-such-folder/s.json"], "--json: the folder of no-such-folder/s.json does "
+                                          "not exist"),
+], ids=["unknown", "tokens", "head_dim", "json"])
+def test_startup_refuses_options_it_does_not_take(argv, message):
+    proc = subprocess.run([sys.executable, "-m", "cupy_dcp.bench", "--startup", *argv],
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and "unrecognized arguments: --tokenz 4" in proc.stderr, \
-        proc.stderr
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
 def test_startup_gives_nccl_plans_no_more_ranks_than_gpus():
