@@ -11,7 +11,8 @@ from .kernels._format import check_apart, check_count, check_flag, check_not_ove
 from .layout import as_dtype, check_heads, is_bfloat16, is_supported
 
 __all__ = ["check_apart", "check_array", "check_count", "check_flag", "check_inputs",
-           "check_lse_range", "check_mask", "check_out", "lse_float32_dtype"]
+           "check_cache_setting", "check_lse_range", "check_mask", "check_out",
+           "lse_float32_dtype"]
 
 _INT64_MAX = np.iinfo(np.int64).max
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -171,3 +172,15 @@ def _check_mask_values(seq_lens, query_start_loc):
         i = int(falls[0]) + 1
         raise ValueError(f"query_start_loc must be non-decreasing (got {int(starts[i])} after "
                          f"{int(starts[i - 1])} at index {i})")
+
+
+def check_cache_setting():
+    """``ValueError`` where the kernel cache's environment settings are bad
+    (``CUPY_DCP_CACHE`` neither 0 nor 1): checked among a call's or a plan's
+    arguments, so that every rank raises, not only the one whose first compile reads
+    them while its peers wait in the exchange. Read once a process, as the cache
+    reads them (:func:`cupy_dcp.kernels._cache.cache_dir`)."""
+    from .kernels import _cache
+
+    _cache.cache_dir()
+

@@ -104,6 +104,7 @@ class _Plan:
             problem = _cupy_problem()
             if problem is not None:
                 raise RuntimeError(f"{name} needs CuPy and a GPU: {problem}")
+            _checks.check_cache_setting()
         except (ValueError, TypeError, RuntimeError) as exc:
             comm.agree(name, dict(error=exc))
             raise

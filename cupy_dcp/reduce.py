@@ -132,6 +132,8 @@ def _reduce(strategy, x, lse, comm, return_lse, base_e, out, seq_lens, query_sta
             query_start_loc = host_view(query_start_loc, "query_start_loc")
         B, H, D, dtype, on_host = _check_call(x, lse, comm.world_size, out, seq_lens,
                                               query_start_loc)
+        if on_host:  # (a device call's plan checks it as it is made)
+            _checks.check_cache_setting()
     except Exception as exc:
         # every rank raises, none is left waiting in the exchange (whatever failed here)
         if check_consistency is True:  # (not when it is the bad argument)

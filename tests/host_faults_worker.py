@@ -25,14 +25,18 @@ Run: mpiexec -n 2 python tests/host_faults_worker.py SCENARIO
   (device arrays, say); it raises a TypeError, rank 0 a TypeError naming rank 1.
 - ``unexpected_error``: rank 1's checks raise something neither a ValueError nor a
   TypeError; it raises that, rank 0 a RuntimeError naming rank 1.
+- ``cache_setting``: rank 1's ``CUPY_DCP_CACHE`` is neither 0 nor 1, which it reads
+  only as its first kernel would compile: it raises its ValueError, rank 0 a
+  ValueError naming rank 1 (not a timeout after waiting for rank 1's exchange).
 
-The last three run without ``check_consistency``, on a communicator bounded at 20 s:
+The last four run without ``check_consistency``, on a communicator bounded at 20 s:
 a rank left waiting would raise RuntimeError instead of the error checked.
 
 Each rank reports its scenario and the message it checked (``run_worker``); anything
 else aborts the job.
 """
 
+import os
 import sys
 import time
 import warnings
@@ -162,6 +166,14 @@ def main(scenario):
             except RuntimeError as later:
                 assert "unusable since an earlier failure" in str(later), later
         assert any(m != "returned" for m in world.allgather(msg)), msg
+    elif scenario == "cache_setting":
+        comm = cupy_dcp.Communicator.from_mpi(world, timeout=20.0)
+        x, lse = inputs(3)
+        if rank == 1:
+            os.environ["CUPY_DCP_CACHE"] = "yes"
+        msg = expect_raise(ValueError, lambda: cupy_dcp.dcp_a2a_lse_reduce(x, lse, comm))
+        assert "CUPY_DCP_CACHE must be 0 or 1 (got 'yes')" in msg and \
+            (rank == 1 or "rank 1 failed its checks" in msg), msg
     elif scenario in ("warnings_as_errors", "device_masks", "unexpected_error"):
         comm = cupy_dcp.Communicator.from_mpi(world, timeout=20.0)
         x, lse = inputs(3)

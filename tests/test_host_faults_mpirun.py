@@ -13,7 +13,7 @@ HERE = Path(__file__).resolve().parent
 @pytest.mark.parametrize("scenario", ["diverge", "bad_rank", "timeout", "timeout_large",
                                       "agrs_late_reduce", "allgather_sizes", "list_rank",
                                       "byte_order", "warnings_as_errors",
-                                      "device_masks", "unexpected_error"])
+                                      "device_masks", "unexpected_error", "cache_setting"])
 def test_every_rank_raises_instead_of_hanging(mpiexec, scenario):
     cmd = mpiexec(2, sys.executable, str(HERE / "host_faults_worker.py"), scenario)
     for record in job_results(run_bounded(cmd, 180, cwd=HERE, env=mpiexec_env()), 2):
