@@ -672,6 +672,7 @@ class _HostCache:
     def save_overload(self, sig, result):
         _count("compiled")  # Numba saves right after each compile
         if result.lifted or result.library.has_dynamic_globals:
+            _count("uncacheable")  # (addresses baked into the code: NUMBA_OPT=0, say)
             return
         key = self._entry_key(sig, result.codegen)
         if key is None:

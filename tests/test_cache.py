@@ -113,6 +113,16 @@ def test_an_unwritable_folder_runs_without_the_cache(tmp_path):
         assert counts["stored"] == 0 and "cannot be written" in err
 
 
+def test_host_kernels_with_addresses_in_their_code_are_counted_not_stored(tmp_path):
+    """Under NUMBA_OPT=0 Numba bakes this process's addresses into a host kernel's
+    code: it is compiled each time, and the counts say so (as they do for a kernel
+    without a stable key), not silently."""
+    counts, err = run_host(tmp_path, NUMBA_OPT="0")
+    assert counts["compiled"] >= 2 and counts["stored"] == 0 and counts["unstored"] == 0
+    assert counts["uncacheable"] == counts["compiled"], counts
+    assert entries(tmp_path) == []
+
+
 def test_caching_turned_off_writes_nothing(tmp_path):
     counts, _ = run_host(tmp_path, CUPY_DCP_CACHE="0")
     assert counts["compiled"] >= 2 and counts["stored"] == 0 and counts["loaded"] == 0
