@@ -205,8 +205,8 @@ def child(kind, tokens, heads, head_dim, dtype_name, sharing, folder, spawned, b
     records = mpi.gather(record)
     if mpi.Get_rank() == 0:
         slowest = max(records, key=lambda r: r["since_start"])
-        slowest["compiled"] = sum(r["compiled"] for r in records)  # the node's compiles
-        slowest["loaded"] = sum(r["loaded"] for r in records)
+        for name in counts:  # the node's counts, every one summed over its ranks
+            slowest[name] = sum(r[name] for r in records)
         print("startup " + json.dumps(slowest), flush=True)
 
 

@@ -131,6 +131,7 @@ def test_startup_of_the_host_path_cold_then_warm(tmp_path):
     assert (cold["kind"], cold["cache"], warm_run["cache"]) == ("host", "cold", "warm")
     assert cold["compiled"] >= 2 and cold["loaded"] == 0  # both ranks' pack and combine
     assert warm_run["compiled"] == 0 and warm_run["loaded"] == cold["compiled"]
+    assert cold["stored"] == cold["compiled"], cold  # every count is the ranks' sum
     for record in (cold, warm_run):
         steps = record["import"] + record["plan"] + record["first_call"]
         assert 0 < steps <= record["since_start"], record
