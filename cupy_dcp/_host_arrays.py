@@ -65,15 +65,17 @@ def host_view(obj, name="array"):
     take the array's dtype."""
     if isinstance(obj, np.ndarray) or not is_host_array(obj):
         return obj
+    dtype = getattr(obj, "dtype", None)  # (a bare DLPack exporter need not have one)
     try:
-        if is_bfloat16(as_dtype(obj.dtype)):
+        if dtype is not None and is_bfloat16(as_dtype(dtype)):
             return _bfloat16_view(obj)
         return np.from_dlpack(obj)
     except (BufferError, TypeError, ValueError, RuntimeError) as exc:
         # e.g. a dtype NumPy lacks, or PyTorch's refusal to export a tensor that
         # requires grad
-        raise TypeError(f"{name} cannot be read through DLPack ({type(obj).__name__} of "
-                        f"dtype {obj.dtype}: {exc})") from None
+        of = "" if dtype is None else f" of dtype {dtype}"
+        raise TypeError(f"{name} cannot be read through DLPack ({type(obj).__name__}{of}: "
+                        f"{exc})") from None
 
 
 class _Export:

@@ -118,6 +118,34 @@ def test_the_host_path_takes_other_frameworks_arrays(dtype):
     assert np.isneginf(want_lse[1, 2]) and np.isneginf(want_lse[4]).all()  # empty, padding
 
 
+class _Bare:
+    """DLPack alone: no ``shape`` nor ``dtype`` (the protocol asks for neither)."""
+
+    def __init__(self, values):
+        self._values = values
+
+    def __dlpack__(self, **kwargs):
+        return self._values.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._values.__dlpack_device__()
+
+
+def test_a_bare_dlpack_exporter_is_read_through_dlpack():
+    """It was an AttributeError (its dtype was asked for); it gives NumPy's bits."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 4, 6)).astype(np.float16)
+    lse = rng.standard_normal((3, 4)).astype(np.float32)
+    comm = cupy_dcp.Communicator.from_mpi(MPI.COMM_SELF, backend="mpi")
+    try:
+        want = cupy_dcp.dcp_a2a_lse_reduce(x, lse, comm)
+        got = cupy_dcp.dcp_a2a_lse_reduce(_Bare(x), _Bare(lse), comm)
+    finally:
+        comm.free()
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    assert host_view(_Bare(x), "x").dtype == np.float16
+
+
 def test_mixed_host_and_device_arrays_are_refused():
     comm = cupy_dcp.Communicator.from_mpi(MPI.COMM_SELF, backend="mpi")
     try:
