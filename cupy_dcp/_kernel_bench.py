@@ -21,6 +21,8 @@ so this is the kernel's own cost (flags, waits, combine) and not the NVLink
 transfer of a real two-GPU call. ``--no-direct`` leaves it out.
 """
 
+import sys
+
 import numpy as np
 
 from . import _settings
@@ -143,22 +145,33 @@ def run_kernels(args):
               flush=True)
         print(f"graph of {args.calls} calls, median of {args.reps} replays; per kernel: us "
               f"(+us over the empty kernel, x the copy of its bytes in its grid)", flush=True)
-        dtypes = dtype_list(args.dtype)
-        for dtype_name in dtypes:
-            for n in args.world_size:
-                group = []
-                for case in kernel_cases([dtype_name], [n], args.shapes, args.tokens):
-                    group += _case_rows(cupy, stream, args, case, copy,
-                                        first=not rows and not group)
-                rows += group
-                print(kernel_table(group), flush=True)
-        if not args.no_direct:
-            direct = _direct_rows(cupy, stream, args, dtypes[0])
-    if args.json_path:
         device = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
-        write_rows(args.json_path, rows, dict(
-            device=device, launcher=launcher, calls=args.calls, reps=args.reps,
-            memcpy_gbs=round(memcpy, 1), vector_copy_gbs=round(vector, 1), direct=direct))
+
+        def meta():
+            return dict(device=device, launcher=launcher, calls=args.calls, reps=args.reps,
+                        memcpy_gbs=round(memcpy, 1), vector_copy_gbs=round(vector, 1),
+                        direct=direct)
+
+        dtypes = dtype_list(args.dtype)
+        try:
+            for dtype_name in dtypes:
+                for n in args.world_size:
+                    group = []
+                    for case in kernel_cases([dtype_name], [n], args.shapes, args.tokens):
+                        group += _case_rows(cupy, stream, args, case, copy,
+                                            first=not rows and not group)
+                    rows += group
+                    print(kernel_table(group), flush=True)
+            if not args.no_direct:
+                direct = _direct_rows(cupy, stream, args, dtypes[0])
+        except BaseException:
+            if args.json_path and rows:  # the rows timed, kept apart from a whole run's
+                write_rows(args.json_path + ".partial", rows, meta())
+                print(f"the run failed: the {len(rows)} rows it had are in "
+                      f"{args.json_path}.partial", file=sys.stderr, flush=True)
+            raise
+    if args.json_path:
+        write_rows(args.json_path, rows, meta())
         print(f"{len(rows)} rows written to {args.json_path}", flush=True)
 
 

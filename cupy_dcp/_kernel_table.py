@@ -147,6 +147,7 @@ def kernel_row(case, kernel, us, empty_us, copy_us, bytes_read, bytes_written, d
                 bytes_written=int(bytes_written), gbs=round(gbs, 1),
                 copy_gbs=round(moved / copy_us / 1e3, 1),
                 pct_device_copy=round(100 * gbs / device_copy_gbs, 1),
+                device_copy_gbs=round(device_copy_gbs, 1),  # (what the percent is of)
                 grid=list(grid), block=list(block),
                 host_us=None if host_us is None else round(host_us, 2))
 

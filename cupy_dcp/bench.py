@@ -18,7 +18,9 @@ alone on one GPU against its device-to-device copy bandwidth.
 Rank 0 prints progress and a table, and writes ``--json`` (a list of records:
 ``strategy``, ``mode``, ``world_size``, ``tokens``, ``heads``, ``head_dim``,
 ``dtype``, ``median_us``, ``p90_us``, ``device``, ``ratio_to_floor``) and
-``--plot`` (PNG, when matplotlib is installed).
+``--plot`` (PNG, when matplotlib is installed). A run that fails part-way
+raises, and leaves the records it had in ``--json`` + ``.partial`` (the
+``--kernels`` run too, its rows).
 
 A script may time strategies of its own beside these: ``run(args, extra_cases)``
 with ``parse_args(argv, extra_cases)`` (``benchmarks/bare_push.py`` in the
@@ -334,6 +336,42 @@ def run(args, extra_cases=None):
             if name not in ("raw_alltoall", "cupy_dcp_a2a", "ag_rs"):
                 _say(comm, f"  {name}: skipped (needs a GPU)")
     records = []
+    try:
+        _time_all(comm, args, dtype, modes, wanted, device, gpu, extra_cases, world, records)
+    except BaseException:
+        _keep_partial(comm, args.json_path, records)
+        raise
+    _say(comm, "\n" + _table(records))
+    if comm.rank == 0 and args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump(records, f, indent=1)
+        print(f"results written to {args.json_path}", flush=True)
+    if comm.rank == 0 and args.plot_path:
+        _plot(records, args.plot_path)
+    return records
+
+
+def _keep_partial(comm, json_path, records):
+    """Where a run fails part-way, rank 0 writes the records it had to ``json_path``
+    + ``.partial`` (never to ``json_path``: a partial file must not pass for a whole
+    one), and says so."""
+    if comm.rank != 0 or not json_path or not records:
+        return
+    partial = json_path + ".partial"
+    try:
+        with open(partial, "w") as f:
+            json.dump(records, f, indent=1)
+    except OSError as exc:
+        print(f"the run failed, and its {len(records)} records could not be kept ({exc})",
+              file=sys.stderr, flush=True)
+        return
+    print(f"the run failed: the {len(records)} records it had are in {partial}",
+          file=sys.stderr, flush=True)
+
+
+def _time_all(comm, args, dtype, modes, wanted, device, gpu, extra_cases, world, records):
+    """Time every (B, mode, strategy) of the run, appending each record to
+    ``records`` as it is made."""
     for B in args.tokens:
         closers = []
         if gpu:
@@ -359,14 +397,6 @@ def run(args, extra_cases=None):
                     _profile(comm, cases[strategy], args.profile, stream)
         for close in closers:
             close()
-    _say(comm, "\n" + _table(records))
-    if comm.rank == 0 and args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump(records, f, indent=1)
-        print(f"results written to {args.json_path}", flush=True)
-    if comm.rank == 0 and args.plot_path:
-        _plot(records, args.plot_path)
-    return records
 
 
 def main(argv=None):

@@ -96,3 +96,29 @@ def test_kernel_shapes_refuses_a_malformed_cell(text):
 
     with pytest.raises(argparse.ArgumentTypeError, match="DTYPE|N dividing H"):
         kernel_shapes._cell(text)
+
+
+def test_a_run_that_fails_part_way_keeps_what_it_timed(tmp_path, monkeypatch, capsys):
+    """The host bench's second token count fails: the first one's records are in
+    ``--json`` + ``.partial``, ``--json`` itself is not written, and the error stands."""
+    timed = []
+
+    def host_time(fn, reps, calls, world):
+        if len(timed) == 2:  # B = 1's two strategies are timed, then B = 2's first fails
+            raise RuntimeError("a peer went away")
+        timed.append(fn)
+        return 10.0, 12.0
+
+    monkeypatch.setattr(bench, "_host_time", host_time)
+    path = tmp_path / "run.json"
+    args = bench.parse_args(["--device", "cpu", "--tokens", "1,2", "--heads", "4",
+                             "--head-dim", "8", "--strategies", "raw_alltoall,cupy_dcp_a2a",
+                             "--json", str(path)])
+    with pytest.raises(RuntimeError, match="a peer went away"):
+        bench.run(args)
+    assert not path.exists()
+    import json
+    kept = json.loads((tmp_path / "run.json.partial").read_text())
+    assert [(r["tokens"], r["strategy"]) for r in kept] == [(1, "raw_alltoall"),
+                                                            (1, "cupy_dcp_a2a")]
+    assert "the 2 records it had are in" in capsys.readouterr().err
