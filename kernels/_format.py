@@ -200,6 +200,15 @@ _OVERLAP_WORK = 1 << 16  # the most work NumPy may spend proving two views apart
 _TOO_HARD = getattr(np, "exceptions", np).TooHardError  # (NumPy < 1.25: np.TooHardError)
 
 
+def views_share(a, b):
+    """Whether NumPy arrays ``a`` and ``b`` share a byte, by NumPy's exact test within
+    :data:`_OVERLAP_WORK`; a case too hard for it counts as sharing."""
+    try:
+        return bool(np.shares_memory(a, b, max_work=_OVERLAP_WORK))
+    except _TOO_HARD:
+        return True
+
+
 def _address_views(a, b, low, high):
     """NumPy arrays with the addresses, shapes and strides of device arrays ``a`` and
     ``b`` (:class:`DeviceArray`), over one ctypes window of bytes ``low`` to ``high``
@@ -229,12 +238,7 @@ def check_apart(written, read, why):
             first, end = arr.extent()
             if not (low < end and first < high):
                 continue
-            try:
-                views = _address_views(out, arr, min(low, first), max(high, end))
-                shared = np.shares_memory(*views, max_work=_OVERLAP_WORK)
-            except _TOO_HARD:
-                shared = True
-            if shared:
+            if views_share(*_address_views(out, arr, min(low, first), max(high, end))):
                 raise ValueError(f"{out_name} shares memory with {in_name} (within bytes "
                                  f"{max(low, first):#x} to {min(high, end):#x}): {why}")
 

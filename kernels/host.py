@@ -13,7 +13,7 @@ from numba import njit, prange
 
 from ._cache import cached_njit
 from ._format import (LSE_HALF_BITS, LSE_HALF_MASK, WRITES_BOTH, check_flag,
-                      check_not_overlapping, check_rank)
+                      check_not_overlapping, check_rank, views_share)
 from ._math import NEG_INF_BITS, build_mask, build_math, build_row_weights
 from ._specs import check_mask_arrays
 
@@ -121,12 +121,9 @@ def _check_written(name, arr):
 
 
 def _check_results_apart(out, out_lse):
-    """``ValueError`` where the two results of one call share memory."""
-    try:
-        shared = np.shares_memory(out, out_lse, max_work=1 << 16)
-    except getattr(np, "exceptions", np).TooHardError:
-        shared = True  # not proven apart within the work allowed: refused, as on the GPU
-    if shared:
+    """``ValueError`` where the two results of one call share memory (as
+    ``check_apart`` judges the kernels' results)."""
+    if views_share(out, out_lse):
         raise ValueError(f"out_lse shares memory with out: {WRITES_BOTH}")
 
 
