@@ -94,7 +94,8 @@ def add_kernel_args(parser):
 
 def check_kernel_args(args):
     """Validate the ``--kernels`` options of parsed ``args``; raise ``ValueError``
-    naming the first that is wrong. Without ``--kernels`` one dtype only."""
+    naming the first that is wrong. Without ``--kernels`` one dtype only, and
+    ``--world-size`` and ``--shapes``, which only ``--kernels`` reads, are not checked."""
     names = dtype_list(args.dtype)
     if not args.kernels and len(names) != 1:
         raise ValueError(f"dtype must be one name without --kernels (got {args.dtype!r})")
@@ -102,12 +103,14 @@ def check_kernel_args(args):
     if args.heads < 1 or args.head_dim < 1:
         raise ValueError(f"heads and head-dim must be >= 1 (got {args.heads} and "
                          f"{args.head_dim})")
-    if not args.world_size or any(n < 1 for n in args.world_size):
-        raise ValueError(f"world-size must be a comma list of N >= 1 (got {args.world_size})")
-    bad = [(n, h) for n in args.world_size for h, _ in args.shapes if h % n]
-    if bad:
-        raise ValueError(f"every H of --shapes must divide by every N of --world-size "
-                         f"(got N={bad[0][0]}, H={bad[0][1]})")
+    if args.kernels:  # (a plain run's N is the MPI world's; it reads neither option)
+        if not args.world_size or any(n < 1 for n in args.world_size):
+            raise ValueError(f"world-size must be a comma list of N >= 1 (got "
+                             f"{args.world_size})")
+        bad = [(n, h) for n in args.world_size for h, _ in args.shapes if h % n]
+        if bad:
+            raise ValueError(f"every H of --shapes must divide by every N of --world-size "
+                             f"(got N={bad[0][0]}, H={bad[0][1]})")
     if not args.tokens or any(b < 1 for b in args.tokens):
         raise ValueError(f"tokens must be a comma list of B >= 1 (got {args.tokens})")
     if args.calls < 1 or args.reps < 1:

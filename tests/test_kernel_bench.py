@@ -49,6 +49,13 @@ def test_bad_kernel_options_exit_with_the_reason(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_plain_run_leaves_the_kernel_bench_sizes_alone():
+    """A plain run takes N from the MPI world: ``--world-size`` and ``--shapes`` are the
+    kernel bench's, and a value they could not time there is no error here."""
+    args = parse_args(["--world-size", "3"])
+    assert args.world_size == [3] and not args.kernels
+
+
 def test_check_kernel_args_names_the_argument():
     args = parse_args(["--kernels"])
     args.world_size = [2, 3]
