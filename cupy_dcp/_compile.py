@@ -38,9 +38,11 @@ def a2a_tasks(dtype, head_dim, world_size=0, standalone=False, max_tokens=0):
     ``unpack_combine`` launch outside a plan (the pack a block row per token and the
     combine a block a row, without a plan's trailer). Calls of ``max_tokens`` tokens
     or fewer: from ``_pack_tokens.STAGED_TOKENS_LEAST`` on, rows of words of one step
-    also take the pack by tokens staged through shared memory."""
+    also take the pack by tokens staged through shared memory (and, where
+    ``_pack_tokens.loads_quads`` may allow it, its twin that reads them as quads)."""
     from .kernels.combine import combine_kernel, combine_variants, static_shards
-    from .kernels._pack_tokens import STAGED_TOKENS_LEAST, tokens_kernel
+    from .kernels._pack_tokens import QUAD_LOADS_GROUP_MOST, STAGED_TOKENS_LEAST, tokens_kernel
+    from .kernels._vector import QUAD
     from .kernels.pack import pack_kernel, wide_rows
 
     dtype, D = np.dtype(dtype), int(head_dim)
@@ -63,11 +65,15 @@ def a2a_tasks(dtype, head_dim, world_size=0, standalone=False, max_tokens=0):
         stores = (True, False) if wide and np.dtype(bits).itemsize == 4 else (False,)
         tasks = [functools.partial(pack_kernel, np.dtype(bits), group, wide, masked, quads)
                  for quads in stores for masked in (True, False)]
-        if not wide:  # (signed: the rows' blocks sign, or a lead plane of blocks does)
-            staged = (False, True) if np.dtype(bits).itemsize == 4 and \
-                max_tokens >= STAGED_TOKENS_LEAST else (False,)
+        if not wide:  # (signed: the rows' blocks sign, or a lead plane of blocks does;
+            # staged: reading rows of 4k words as quads where the partials are aligned)
+            staged = [()]
+            if np.dtype(bits).itemsize == 4 and max_tokens >= STAGED_TOKENS_LEAST:
+                staged.append((True,))
+                if group <= QUAD_LOADS_GROUP_MOST and elements % QUAD == 0:
+                    staged.append((True, True))
             tasks += [functools.partial(tokens_kernel, np.dtype(bits), group, masked, *signs,
-                                        *((True,) if stage else ()))
+                                        *stage)
                       for stage in staged for masked in (True, False)
                       for signs in (((True, False), (True, True), (False, False)) if standalone
                                     else ((True, False), (True, True)))]

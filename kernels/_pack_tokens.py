@@ -28,7 +28,11 @@ block copies its rows' span of the buffer, which is contiguous, out as aligned
 16-byte quads (the words before the span's first quad boundary and after its last
 one alone): a quarter of the store instructions, each of whole sectors, where a
 row's group of lanes stores words of rows that start off a sector. Its loads, masks
-and trailer are the plain kernel's, and so are its bits.
+and trailer are the plain kernel's, and so are its bits. Where the input's rows
+start 16-byte aligned and hold 4k words, and a row takes few lanes
+(:func:`loads_quads`), it also reads them as quads (``quad_loads``): lane ``l`` of a
+row's group loads quads ``l`` and ``l + group``, a quarter of the load instructions,
+and writes their words into shared memory as the plain twin does.
 """
 
 import functools
@@ -46,9 +50,10 @@ from ._rows import (GROUPS, MAX_GRID_Z, MAX_REGISTERS, UNROLL, WARP, WARPS_PER_B
 from ._trailer import CALL, TOKENS, WORDS
 from ._vector import QUAD, vector_functions
 
-__all__ = ["LEAD_MOST_BLOCKS", "STAGED_TOKENS_LEAST", "STAGED_WARPS_LEAST", "STAGE_WORDS",
-           "TOKEN_BLOCKS_MOST", "TOKEN_BYTES_MOST", "by_tokens", "can_stage", "signs_ahead",
-           "stages", "tokens_kernel"]
+__all__ = ["LEAD_MOST_BLOCKS", "QUAD_LOADS_GROUP_MOST", "STAGED_TOKENS_LEAST",
+           "STAGED_WARPS_LEAST", "STAGE_WORDS", "TOKEN_BLOCKS_MOST", "TOKEN_BYTES_MOST",
+           "by_tokens", "can_load_quads", "can_stage", "loads_quads", "signs_ahead", "stages",
+           "tokens_kernel"]
 
 # This kernel takes at most TOKEN_BLOCKS_MOST tokens, or more where the input holds at
 # most TOKEN_BYTES_MOST bytes: beyond both, ``pack``'s kernels were as fast or faster in
@@ -68,6 +73,12 @@ STAGED_WARPS_LEAST = 2
 # group * UNROLL + 1 words (one step and the LSE word), and up to three words before the
 # span's first quad boundary, so that the shared words and the buffer agree modulo a quad.
 STAGE_WORDS = WARPS_PER_BLOCK * (WARP * UNROLL + WARP // GROUPS[0]) + QUAD - 1
+QUADS = UNROLL // QUAD  # the quads a lane of the staged twin loads, where it loads quads
+# The staged twin reads its rows as quads where they are of at most this many lanes: 0,
+# none, until its A/B (``benchmarks/pack_quad_loads_ab.py``) has run on an H200
+# (``benchmarks/NOTES.md``, 2026-12-07). A row's group of more than 8 lanes would write
+# its quads' words into shared memory with bank conflicts.
+QUAD_LOADS_GROUP_MOST = 0
 
 
 def by_tokens(data, grid, wide, most=None):
@@ -96,6 +107,20 @@ def can_stage(data, send, recv, block):
         rows * send.shape[3] + QUAD - 1 <= STAGE_WORDS
 
 
+def can_load_quads(data):
+    """Whether the staged twin can read ``data`` (:class:`DeviceArray` of uint32 words,
+    ``[B, H, D]`` as the kernel moves it) as 16-byte quads: every row starts 16-byte
+    aligned and runs contiguously, and ``D`` is a multiple of four."""
+    return data.dtype.itemsize == 4 and data.shape[2] % QUAD == 0 and data.rows_aligned(16)
+
+
+def loads_quads(data, group):
+    """Whether a staged pack of ``data`` reads it as quads (:func:`can_load_quads`) with
+    rows of ``group`` lanes: at most :data:`QUAD_LOADS_GROUP_MOST` (a group of more
+    lanes stores its quads' words into shared memory with bank conflicts)."""
+    return group <= QUAD_LOADS_GROUP_MOST and can_load_quads(data)
+
+
 def stages(data, send, recv, grid, block, wide):
     """Whether a pack of ``data`` on ``grid`` and ``block`` (``_rows.tile_grid``'s,
     its z set to the tokens) takes the staged twin: where it can (:func:`can_stage`),
@@ -114,8 +139,9 @@ def signs_ahead(grid):
 
 
 @functools.cache
-def _tokens_kernel(group, half, masked, signed, lead=False, staged=False):
+def _tokens_kernel(group, half, masked, signed, lead=False, staged=False, quad_loads=False):
     lead = lead and signed
+    quad_loads = quad_loads and staged
     from .pack import lse_bits_steps  # (pack imports this module)
 
     row_lse_fetch, row_lse_of = lse_bits_steps()
@@ -136,6 +162,20 @@ def _tokens_kernel(group, half, masked, signed, lead=False, staged=False):
             dst[at + u64(f)] = value
 
     @inline_device
+    def fetch_lse(lse_bits, seq_lens, query_start_loc, num_seqs, b, head, lane):
+        """``(first, bits, fetched)``: for the row's first lane (``first``), its LSE bits
+        or, ``masked``, the fetch that ``row_lse_of`` finishes after the stores."""
+        first = lane == u32(0)
+        bits = np.uint32(0)
+        fetched = (np.uint32(0), (np.int64(0), np.int64(0), np.int64(0)))
+        if first:
+            if masked:
+                fetched = row_lse_fetch(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)
+            else:
+                bits = np.uint32(lse_bits[b, head])
+        return first, bits, fetched
+
+    @inline_device
     def load_row(data, lse_bits, seq_lens, query_start_loc, num_seqs, buf, b, head, lane, d,
                  s0, s1):
         """Row ``head`` of token ``b`` into ``buf``: lane ``lane``'s values of it, and, for
@@ -151,14 +191,8 @@ def _tokens_kernel(group, half, masked, signed, lead=False, staged=False):
             for k in range(UNROLL):
                 if u32(lane + u32(k * group)) < d:
                     buf[k] = data[src + u64(k * group)]
-        first = lane == u32(0)
-        bits = np.uint32(0)
-        fetched = (np.uint32(0), (np.int64(0), np.int64(0), np.int64(0)))
-        if first:
-            if masked:
-                fetched = row_lse_fetch(lse_bits, b, head, seq_lens, query_start_loc, num_seqs)
-            else:
-                bits = np.uint32(lse_bits[b, head])
+        first, bits, fetched = fetch_lse(lse_bits, seq_lens, query_start_loc, num_seqs, b,
+                                         head, lane)
         return whole, first, bits, fetched
 
     @jit
@@ -207,6 +241,23 @@ def _tokens_kernel(group, half, masked, signed, lead=False, staged=False):
         aligned = None if config.ENABLE_CUDASIM else 16
         quad_floor = u32(~quad_mask)
 
+        @inline_device
+        def load_quads(data, lse_bits, seq_lens, query_start_loc, num_seqs, buf, b, head,
+                       lane, d, s0, s1):
+            """``load_row``'s loads as 16-byte quads: lane ``lane`` of the row's group
+            loads its quads ``lane, lane + group, ...`` (those within the row's ``d``
+            words, a multiple of four) into ``buf``; ``(first, bits, fetched)``."""
+            src = u64(b) * u64(s0) + u64(head) * u64(s1)
+            for k in range(QUADS):
+                q = u32(u32(lane + u32(k * group)) * u_quad)
+                if q < d:
+                    w0, w1, w2, w3 = load_quad(data, src + u64(q))
+                    buf[k * QUAD] = w0
+                    buf[k * QUAD + 1] = w1
+                    buf[k * QUAD + 2] = w2
+                    buf[k * QUAD + 3] = w3
+            return fetch_lse(lse_bits, seq_lens, query_start_loc, num_seqs, b, head, lane)
+
         @jit
         def stage_row(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank,
                       heads, width, d_count, s0, s1, chunk_tokens):
@@ -230,18 +281,29 @@ def _tokens_kernel(group, half, masked, signed, lead=False, staged=False):
             if h < hn:
                 head = u32(u32(r * hn) + h)
                 buf = cuda.local.array(UNROLL, send.dtype)
-                whole, first, bits, fetched = load_row(data, lse_bits, seq_lens,
-                                                       query_start_loc, num_seqs, buf, b, head,
-                                                       lane, d, s0, s1)
-                row = u32(off + u32(j * w))
-                at = u32(row + lane)
-                if whole:
-                    for k in range(UNROLL):
-                        stage[at + u32(k * group)] = buf[k]
+                if quad_loads:
+                    first, bits, fetched = load_quads(data, lse_bits, seq_lens,
+                                                      query_start_loc, num_seqs, buf, b, head,
+                                                      lane, d, s0, s1)
+                    row = u32(off + u32(j * w))
+                    for k in range(QUADS):
+                        q = u32(u32(lane + u32(k * group)) * u_quad)
+                        if q < d:
+                            for i in range(QUAD):
+                                stage[u32(row + q) + u32(i)] = buf[k * QUAD + i]
                 else:
-                    for k in range(UNROLL):
-                        if u32(lane + u32(k * group)) < d:
+                    whole, first, bits, fetched = load_row(data, lse_bits, seq_lens,
+                                                           query_start_loc, num_seqs, buf, b,
+                                                           head, lane, d, s0, s1)
+                    row = u32(off + u32(j * w))
+                    at = u32(row + lane)
+                    if whole:
+                        for k in range(UNROLL):
                             stage[at + u32(k * group)] = buf[k]
+                    else:
+                        for k in range(UNROLL):
+                            if u32(lane + u32(k * group)) < d:
+                                stage[at + u32(k * group)] = buf[k]
                 if first:
                     if masked:
                         bits = row_lse_of(fetched, b, seq_lens, query_start_loc, num_seqs)
@@ -362,7 +424,8 @@ def _tokens_kernel(group, half, masked, signed, lead=False, staged=False):
     return signed_pack
 
 
-def tokens_kernel(bits, group, masked=True, signed=False, lead=False, staged=False):
+def tokens_kernel(bits, group, masked=True, signed=False, lead=False, staged=False,
+                  quad_loads=False):
     """This kernel for element bits ``bits`` (uint16 or uint32), ``group`` lanes a
     row, with a mask or without one (``masked``: one without reads no ``seq_lens``),
     and signing a plan's trailer (``signed``). Its arguments: ``data.span()`` (the
@@ -375,21 +438,24 @@ def tokens_kernel(bits, group, masked=True, signed=False, lead=False, staged=Fal
     equal to ``B`` (:func:`by_tokens`); ``lead`` (signed only): with one more plane
     along z, the first, whose first block signs the chunks (:func:`signs_ahead`);
     ``staged`` (uint32 only): the rows go out through shared memory as aligned quads
-    (:func:`stages`)."""
+    (:func:`stages`); ``quad_loads`` (staged only): it reads them as 16-byte quads too
+    (:func:`loads_quads`)."""
     # one kernel object for the same kernel, however the flags are passed (a plan warms
     # up the very objects that its launches then pick)
     return _specialized(np.dtype(bits), int(group), bool(masked), bool(signed), bool(lead),
-                        bool(staged))
+                        bool(staged), bool(quad_loads))
 
 
 @functools.cache
-def _specialized(bits, group, masked, signed, lead, staged):
+def _specialized(bits, group, masked, signed, lead, staged, quad_loads):
     if staged and bits.itemsize != 4:
         raise ValueError(f"the staged pack moves rows of uint32 words (got {bits})")
+    if quad_loads and not staged:
+        raise ValueError("only the staged pack reads its rows as quads")
     i64 = types.int64
     flat = array_type(bits, 1, True)
     index = array_type(np.int64, 1, True)
     argtypes = (flat, array_type(np.uint32, 2, False), index, index, i64, flat, flat, i64,
                 i64, i64, i64, i64, i64, i64) + ((index, index) if signed else ())
     return SpecializedKernel(_tokens_kernel(group, bits.itemsize == 2, masked, signed, lead,
-                                            staged), argtypes)
+                                            staged, quad_loads), argtypes)

@@ -31,7 +31,8 @@ from ._format import (LSE_HALF_BITS, LSE_HALF_MASK, WRITES_WHILE_READING, check_
                       check_rank)
 from ._launch import SpecializedKernel, array_type
 from ._math import NEG_INF_BITS
-from ._pack_tokens import by_tokens, can_stage, signs_ahead, stages, tokens_kernel
+from ._pack_tokens import (by_tokens, can_load_quads, can_stage, loads_quads, signs_ahead,
+                           stages, tokens_kernel)
 from ._quad_rows import quad_row_packer
 from ._rows import MAX_GRID_Z, MAX_REGISTERS, UNROLL, WARP, lanes_per_row, tile_grid
 from ._specs import check_pack_args
@@ -540,7 +541,7 @@ def pack_send(out, lse, send, stream=None, seq_lens=None, query_start_loc=None,
 
 
 def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank,
-                signed=None, tokens=None, staged=None):
+                signed=None, tokens=None, staged=None, quad_loads=None):
     """``(kernel, grid, block, args)`` of one pack: :class:`DeviceArray` arguments in,
     moved as uint32 words where the 16-bit data and both buffers allow it (the
     LSE's two lanes are then one word).
@@ -559,7 +560,10 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
     words take it at any bytes, through shared memory (``_pack_tokens.stages``), on
     a grid of a block row for every token however many blocks that makes;
     ``staged`` overrides that choice likewise (``True`` requires what
-    ``_pack_tokens.can_stage`` does).
+    ``_pack_tokens.can_stage`` does). A staged pack reads its rows as 16-byte
+    quads where ``_pack_tokens.loads_quads`` says so; ``quad_loads`` overrides
+    that (``True`` requires a staged pack and what ``_pack_tokens.can_load_quads``
+    does).
     """
     send.require_c_contiguous("send")
     recv.require_c_contiguous("recv")
@@ -589,14 +593,20 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
         if stage and not can_stage(data, send, recv, block):
             raise ValueError("a staged pack moves rows of uint32 words into 16-byte aligned "
                              "buffers, a block's rows within _pack_tokens.STAGE_WORDS")
-        kernel = tokens_kernel(data.dtype, group, int(num_seqs) >= 0, signs, lead, stage)
+        quads = bool(quad_loads) if quad_loads is not None else \
+            stage and loads_quads(data, group)
+        if quads and not (stage and can_load_quads(data)):
+            raise ValueError("a pack reads its rows as quads where it is staged, its rows "
+                             "are 16-byte aligned and their words a multiple of four")
+        kernel = tokens_kernel(data.dtype, group, int(num_seqs) >= 0, signs, lead, stage,
+                               quads)
         if lead:  # a plane of blocks before the rows': its first block signs
             grid = (grid[0], grid[1], grid[2] + 1)
         return kernel, grid, block, (
             data.span(), lse_bits, seq_lens, query_start_loc, int(num_seqs), send.flat(),
             recv.flat(), int(self_rank), send.shape[2], send.shape[3], data.shape[2],
             *data.element_strides(), send.shape[1]) + ((signature, state) if signs else ())
-    if stage:
+    if stage or quad_loads:
         raise ValueError("a staged pack is a pack by tokens (rows of one step, read "
                          "through a flat view, a token a block row)")
     kernel = pack_kernel(data.dtype, group, wide, int(num_seqs) >= 0,

@@ -172,6 +172,14 @@ def kernels():
                 _pack_tokens.tokens_kernel(np.dtype(np.uint32), 8, masked, signed, lead, True))
     add("pack uint32 group 32 by tokens staged", _pack_tokens.tokens_kernel(
         np.dtype(np.uint32), 32, True, False, False, True))
+    for group in (4, 8, 16):  # ... reading its rows as 16-byte quads
+        for masked in (True, False):
+            add(f"pack uint32 group {group} by tokens staged quad loads"
+                f"{'' if masked else ' unmasked'}",
+                _pack_tokens.tokens_kernel(np.dtype(np.uint32), group, masked, False, False,
+                                           True, True))
+    add("pack uint32 group 8 by tokens staged quad loads signed lead",
+        _pack_tokens.tokens_kernel(np.dtype(np.uint32), 8, True, True, True, True, True))
     return found
 
 

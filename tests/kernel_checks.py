@@ -101,6 +101,7 @@ def check_pack_by_tokens(to_device, to_host, dtype, n, b, h, d, rng, strided=Fal
     the same trailer words and call numbers. ``strided``: ``False`` or ``"heads_major"``
     (rows read through a flat view, as this kernel requires)."""
     from cupy_dcp.kernels._arrays import dummy_index, kernel_array
+    from cupy_dcp.kernels._pack_tokens import can_load_quads
     from cupy_dcp.kernels._trailer import trailer_rows
     from cupy_dcp.kernels.pack import pack_launch
 
@@ -119,7 +120,11 @@ def check_pack_by_tokens(to_device, to_host, dtype, n, b, h, d, rng, strided=Fal
     expect = pack_reference(x, lse, n, mask=mask).view(bits)
     ways = [dict(tokens=False), dict(tokens=True, staged=False)]
     if np.dtype(dtype).itemsize == 4 or d % 2 == 0:  # rows of words: through shared memory
-        ways.append(dict(tokens=True, staged=True))
+        ways.append(dict(tokens=True, staged=True, quad_loads=False))
+        words = kernel_array(dev_x, bits)
+        words = words.as_words() if bits.itemsize == 2 else words
+        if can_load_quads(words):  # rows of quads: read as quads too
+            ways.append(dict(tokens=True, staged=True, quad_loads=True))
     got = []
     for way in ways:
         send = to_device(np.zeros((n, rows, h // n, width), bits))

@@ -66,7 +66,8 @@ def test_unknown_blocks_count_every_reachable_path():
     assert "words" not in direct_paths(2, 4, 300, WIDTH, 2, None, None, None)  # 300 rows > 256
 
 
-def test_a2a_variants():
+def test_a2a_variants(monkeypatch):
+    from cupy_dcp.kernels import _pack_tokens
     from cupy_dcp.kernels._pack_tokens import STAGED_TOKENS_LEAST, tokens_kernel
     from cupy_dcp.kernels.combine import combine_kernel
 
@@ -95,6 +96,19 @@ def test_a2a_variants():
     least = STAGED_TOKENS_LEAST
     staged = [c.args for c in a2a_tasks(BF16, 512, 2, max_tokens=least) if c.func is tokens_kernel]
     assert staged == tokens + [args + (True,) for args in tokens]
+    # rows of 4k words in groups of at most QUAD_LOADS_GROUP_MOST lanes (64 words: 8):
+    # staged reading quads too, for partials aligned for it
+    for most in (8, 4):
+        monkeypatch.setattr(_pack_tokens, "QUAD_LOADS_GROUP_MOST", most)
+        short = [c.args for c in a2a_tasks(BF16, 128, 2, max_tokens=least)
+                 if c.func is tokens_kernel]
+        plain = [args for args in short if len(args) == 5]
+        assert plain and plain[0][1] == 8  # lanes a row
+        assert short == plain + [args + (True,) for args in plain] + \
+            ([args + (True, True) for args in plain] if most == 8 else [])
+    # 34 words, not quads: staged alone
+    assert [c.args for c in a2a_tasks(BF16, 68, 2, max_tokens=least) if
+            c.func is tokens_kernel and len(c.args) == 7] == []
     assert not [c for c in a2a_tasks(BF16, 512, 2, max_tokens=least - 1) if len(c.args) == 6 and
                 c.func is tokens_kernel]
     assert len(a2a_tasks(np.dtype(np.float16), 511, max_tokens=4096)) == 3  # 16-bit: none

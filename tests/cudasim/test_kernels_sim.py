@@ -38,14 +38,16 @@ def test_pack_bit_exact(dtype, shape):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(2, 3, 4, 1), (3, 4, 6, 7), (2, 3, 4, 72), (8, 3, 8, 33),
-                                   (2, 3, 72, 16)],
+                                   (2, 3, 72, 16), (2, 3, 4, 40)],
                          ids=lambda s: "N%dB%dH%dD%d" % s)
 def test_pack_by_tokens_writes_the_bits_of_the_other_packs(dtype, shape, monkeypatch):
     """The pack a block row per token, its staged twin and ``pack``'s kernels: the
     reference's rows, masked or not, rows unit-stride or heads-major, routed to the
     receive buffer or not, with a plan's trailer or without (signed by a lead plane of
-    blocks, as these small grids are, or by the rows' blocks), the same bits; the last
-    shape takes two blocks a token, each staging a span that starts off a quad."""
+    blocks, as these small grids are, or by the rows' blocks), the same bits; the staged
+    twin also reading its rows as quads where they allow it (rows of 4k words: some
+    lanes with one quad or none); (2, 3, 72, 16) takes two blocks a token, each staging
+    a span that starts off a quad."""
     from cupy_dcp.kernels import _pack_tokens
 
     rng = np.random.default_rng(sum(shape))
@@ -102,10 +104,12 @@ def test_pack_staged_where_the_rule_allows(monkeypatch):
 
     least = _pack_tokens.STAGED_TOKENS_LEAST
 
-    def staged(b, h, d, dtype=np.float32, shift=0, **kwargs):
-        x = np.zeros((b, h, d), dtype)
-        width = d + (1 if dtype == np.float32 else 2)
+    def staged(b, h, d, dtype=np.float32, shift=0, x_shift=0, quads=None, **kwargs):
+        """``(staged, block's warps, grid's z)``; ``quads``: whether the staged pack
+        picked is the one that reads quads (``None``: either)."""
         bits = np.uint32 if dtype == np.float32 else np.uint16
+        x = np.zeros(b * h * d + 8, dtype)[x_shift:][:b * h * d].reshape(b, h, d)
+        width = d + (1 if dtype == np.float32 else 2)
         store = np.zeros(2 * b * (h // 2) * width + 8, bits)[shift:]
         send = store[:2 * b * (h // 2) * width].reshape(2, b, h // 2, width)
         kernel, grid, block, _ = pack_launch(
@@ -113,8 +117,10 @@ def test_pack_staged_where_the_rule_allows(monkeypatch):
             dummy_index(), dummy_index(), -1, kernel_array(send, bits),
             kernel_array(send, bits), -1, **kwargs)
         group = lanes_per_row(d if dtype == np.float32 else d // 2)  # of the rows' words
-        return kernel is _pack_tokens.tokens_kernel(np.dtype(np.uint32), group, False, False,
-                                                    False, True), block[1], grid[2]
+        ways = (False, True) if quads is None else (quads,)
+        return any(kernel is _pack_tokens.tokens_kernel(np.dtype(np.uint32), group, False,
+                                                        False, False, True, q)
+                   for q in ways), block[1], grid[2]
 
     # 32 heads of 32 float32 (4 lanes a row): 16 rows a rank, in blocks of 2 warps
     assert staged(least, 32, 32) == (True, 2, least)
@@ -133,6 +139,27 @@ def test_pack_staged_where_the_rule_allows(monkeypatch):
         staged(4, 4, 32, tokens=False, staged=True)
     with pytest.raises(ValueError, match="a pack by tokens moves rows of one step"):
         staged(4, 4, 600, staged=True)  # rows of two steps
+    # it reads rows of 4k words as quads, of at most QUAD_LOADS_GROUP_MOST lanes (32
+    # float32: 4 lanes; 64: 8), where every row of the input starts 16-byte aligned
+    monkeypatch.setattr(_pack_tokens, "QUAD_LOADS_GROUP_MOST", 8)
+    assert staged(least, 32, 32, quads=True)[0]
+    assert staged(least, 32, 64, quads=True)[0] and staged(least, 32, 128, np.float16, quads=True)[0]
+    assert staged(least, 32, 36, quads=True)[0]  # 9 quads a row: 8 lanes, one with two
+    assert staged(least, 32, 34, quads=False)[0]  # rows of 34 words: not quads
+    assert staged(least, 32, 68, np.float16, quads=False)[0]  # 34 words of pairs
+    assert staged(least, 32, 32, x_shift=1, quads=False)[0]  # the input 4 bytes off
+    assert staged(least, 32, 32, quad_loads=False, quads=False)[0]
+    monkeypatch.setattr(_pack_tokens, "QUAD_LOADS_GROUP_MOST", 4)
+    assert staged(least, 32, 64, quads=False)[0] and staged(least, 32, 32, quads=True)[0]
+    assert staged(least, 32, 64, quad_loads=True, quads=True)[0]
+    with pytest.raises(ValueError, match="reads its rows as quads where it is staged"):
+        staged(least, 32, 32, x_shift=1, quad_loads=True)
+    with pytest.raises(ValueError, match="reads its rows as quads where it is staged"):
+        staged(least, 32, 34, quad_loads=True)
+    with pytest.raises(ValueError, match="reads its rows as quads where it is staged"):
+        staged(4, 4, 32, quad_loads=True)  # not staged (few tokens)
+    with pytest.raises(ValueError, match="a staged pack is a pack by tokens"):
+        staged(4, 4, 32, tokens=False, quad_loads=True)
     monkeypatch.setattr(_rows, "MAX_BLOCKS", 8)  # grids of tile_grid walk their tokens
     assert staged(least, 32, 32) == (True, 2, least)  # staged: a block row for each token
     assert staged(least, 4, 32)[1:] == (1, 4)  # otherwise not
