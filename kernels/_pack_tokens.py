@@ -74,11 +74,11 @@ STAGED_WARPS_LEAST = 2
 # span's first quad boundary, so that the shared words and the buffer agree modulo a quad.
 STAGE_WORDS = WARPS_PER_BLOCK * (WARP * UNROLL + WARP // GROUPS[0]) + QUAD - 1
 QUADS = UNROLL // QUAD  # the quads a lane of the staged twin loads, where it loads quads
-# The staged twin reads its rows as quads where they are of at most this many lanes: 0,
-# none, until its A/B (``benchmarks/pack_quad_loads_ab.py``) has run on an H200
-# (``benchmarks/NOTES.md``, 2026-12-07). A row's group of more than 8 lanes would write
-# its quads' words into shared memory with bank conflicts.
-QUAD_LOADS_GROUP_MOST = 0
+# The staged twin reads its rows as quads where they are of at most this many lanes: on an
+# H200 it took 0.88x the time of word loads at rows of 8 lanes (the geometric mean without a
+# mask; 0.79-0.99 in all), 0.96x at 16 (0.90-1.01), 1.00x at 32, the same bits
+# (``benchmarks/pack_quad_loads_ab.py``; ``benchmarks/NOTES.md``, 2026-12-06, ninth).
+QUAD_LOADS_GROUP_MOST = 16
 
 
 def by_tokens(data, grid, wide, most=None):
@@ -116,8 +116,7 @@ def can_load_quads(data):
 
 def loads_quads(data, group):
     """Whether a staged pack of ``data`` reads it as quads (:func:`can_load_quads`) with
-    rows of ``group`` lanes: at most :data:`QUAD_LOADS_GROUP_MOST` (a group of more
-    lanes stores its quads' words into shared memory with bank conflicts)."""
+    rows of ``group`` lanes: at most :data:`QUAD_LOADS_GROUP_MOST`."""
     return group <= QUAD_LOADS_GROUP_MOST and can_load_quads(data)
 
 

@@ -141,8 +141,10 @@ def test_pack_staged_where_the_rule_allows(monkeypatch):
         staged(4, 4, 600, staged=True)  # rows of two steps
     # it reads rows of 4k words as quads, of at most QUAD_LOADS_GROUP_MOST lanes (32
     # float32: 4 lanes; 64: 8), where every row of the input starts 16-byte aligned
+    most = _pack_tokens.QUAD_LOADS_GROUP_MOST  # (128 float32: 16 lanes a row)
+    assert staged(least, 32, 128, quads=most >= 16)[0]
     monkeypatch.setattr(_pack_tokens, "QUAD_LOADS_GROUP_MOST", 8)
-    assert staged(least, 32, 32, quads=True)[0]
+    assert staged(least, 32, 32, quads=True)[0] and staged(least, 32, 128, quads=False)[0]
     assert staged(least, 32, 64, quads=True)[0] and staged(least, 32, 128, np.float16, quads=True)[0]
     assert staged(least, 32, 36, quads=True)[0]  # 9 quads a row: 8 lanes, one with two
     assert staged(least, 32, 34, quads=False)[0]  # rows of 34 words: not quads
