@@ -15,7 +15,9 @@ sequence empty):
 
 - ``lib``: ``pack_launch(..., tokens=False)``, ``pack``'s kernels;
 - ``tok``: ``tokens=True, staged=False``, the pack a block row per token;
-- ``stg``: ``tokens=True, staged=True``, its staged twin;
+- ``stg``: ``tokens=True, staged=True, quad_loads=False``, its staged twin (reading
+  its input as words, as it did when this was written: ``pack_quad_loads_ab.py`` times
+  it against quad loads);
 
 checks that they wrote the same buffers and call numbers, then times them beside
 the empty kernel, the 16-byte copy of the pack's bytes and their copy in 4-byte
@@ -35,7 +37,7 @@ from one_test_ab import geometric_mean
 from word_floor import word_floors
 
 WAYS = {"lib": dict(tokens=False), "tok": dict(tokens=True, staged=False),
-        "stg": dict(tokens=True, staged=True)}
+        "stg": dict(tokens=True, staged=True, quad_loads=False)}
 MODES = ("plain", "signed", "masked")
 
 

@@ -606,9 +606,12 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
             data.span(), lse_bits, seq_lens, query_start_loc, int(num_seqs), send.flat(),
             recv.flat(), int(self_rank), send.shape[2], send.shape[3], data.shape[2],
             *data.element_strides(), send.shape[1]) + ((signature, state) if signs else ())
-    if stage or quad_loads:
+    if stage:
         raise ValueError("a staged pack is a pack by tokens (rows of one step, read "
                          "through a flat view, a token a block row)")
+    if quad_loads:
+        raise ValueError("a pack reads its rows as quads where it is staged, and a staged "
+                         "pack is a pack by tokens")
     kernel = pack_kernel(data.dtype, group, wide, int(num_seqs) >= 0,
                          quad_rows(data, send, recv))
     return kernel, grid, block, (

@@ -160,7 +160,7 @@ def test_pack_staged_where_the_rule_allows(monkeypatch):
         staged(least, 32, 34, quad_loads=True)
     with pytest.raises(ValueError, match="reads its rows as quads where it is staged"):
         staged(4, 4, 32, quad_loads=True)  # not staged (few tokens)
-    with pytest.raises(ValueError, match="a staged pack is a pack by tokens"):
+    with pytest.raises(ValueError, match="reads its rows as quads where it is staged"):
         staged(4, 4, 32, tokens=False, quad_loads=True)
     monkeypatch.setattr(_rows, "MAX_BLOCKS", 8)  # grids of tile_grid walk their tokens
     assert staged(least, 32, 32) == (True, 2, least)  # staged: a block row for each token
