@@ -39,10 +39,9 @@ def a2a_tasks(dtype, head_dim, world_size=0, standalone=False, max_tokens=0):
     combine a block a row, without a plan's trailer). Calls of ``max_tokens`` tokens
     or fewer: from ``_pack_tokens.STAGED_TOKENS_LEAST`` on, rows of words of one step
     also take the pack by tokens staged through shared memory (and, where
-    ``_pack_tokens.loads_quads`` may allow it, its twin that reads them as quads)."""
+    ``_pack_tokens.may_load_quads``, its twin that reads them as quads)."""
     from .kernels.combine import combine_kernel, combine_variants, static_shards
-    from .kernels._pack_tokens import QUAD_LOADS_GROUP_MOST, STAGED_TOKENS_LEAST, tokens_kernel
-    from .kernels._vector import QUAD
+    from .kernels._pack_tokens import STAGED_TOKENS_LEAST, may_load_quads, tokens_kernel
     from .kernels.pack import pack_kernel, wide_rows
 
     dtype, D = np.dtype(dtype), int(head_dim)
@@ -70,7 +69,7 @@ def a2a_tasks(dtype, head_dim, world_size=0, standalone=False, max_tokens=0):
             staged = [()]
             if np.dtype(bits).itemsize == 4 and max_tokens >= STAGED_TOKENS_LEAST:
                 staged.append((True,))
-                if group <= QUAD_LOADS_GROUP_MOST and elements % QUAD == 0:
+                if may_load_quads(elements, group):
                     staged.append((True, True))
             tasks += [functools.partial(tokens_kernel, np.dtype(bits), group, masked, *signs,
                                         *stage)

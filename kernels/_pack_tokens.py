@@ -52,8 +52,8 @@ from ._vector import QUAD, vector_functions
 
 __all__ = ["LEAD_MOST_BLOCKS", "QUAD_LOADS_GROUP_MOST", "STAGED_TOKENS_LEAST",
            "STAGED_WARPS_LEAST", "STAGE_WORDS", "TOKEN_BLOCKS_MOST", "TOKEN_BYTES_MOST",
-           "by_tokens", "can_load_quads", "can_stage", "loads_quads", "signs_ahead", "stages",
-           "tokens_kernel"]
+           "by_tokens", "can_load_quads", "can_stage", "loads_quads", "may_load_quads",
+           "signs_ahead", "stages", "tokens_kernel"]
 
 # This kernel takes at most TOKEN_BLOCKS_MOST tokens, or more where the input holds at
 # most TOKEN_BYTES_MOST bytes: beyond both, ``pack``'s kernels were as fast or faster in
@@ -114,10 +114,18 @@ def can_load_quads(data):
     return data.dtype.itemsize == 4 and data.shape[2] % QUAD == 0 and data.rows_aligned(16)
 
 
+def may_load_quads(words, group):
+    """Whether the staged twin reads rows of ``words`` words in groups of ``group`` lanes
+    as quads where the input is aligned for it: ``words`` a multiple of four, ``group``
+    at most :data:`QUAD_LOADS_GROUP_MOST` (the rule that :func:`loads_quads` applies to
+    an input, and a plan's warm-up to a shape)."""
+    return group <= QUAD_LOADS_GROUP_MOST and words % QUAD == 0
+
+
 def loads_quads(data, group):
-    """Whether a staged pack of ``data`` reads it as quads (:func:`can_load_quads`) with
-    rows of ``group`` lanes: at most :data:`QUAD_LOADS_GROUP_MOST`."""
-    return group <= QUAD_LOADS_GROUP_MOST and can_load_quads(data)
+    """Whether a staged pack of ``data`` reads it as quads: :func:`may_load_quads` for
+    its rows and :func:`can_load_quads`."""
+    return may_load_quads(data.shape[2], group) and can_load_quads(data)
 
 
 def stages(data, send, recv, grid, block, wide):
@@ -140,7 +148,6 @@ def signs_ahead(grid):
 @functools.cache
 def _tokens_kernel(group, half, masked, signed, lead=False, staged=False, quad_loads=False):
     lead = lead and signed
-    quad_loads = quad_loads and staged
     from .pack import lse_bits_steps  # (pack imports this module)
 
     row_lse_fetch, row_lse_of = lse_bits_steps()
