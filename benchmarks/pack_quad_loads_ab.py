@@ -28,44 +28,19 @@ percentage of the 16-byte vector copy's rate (issue 27's 85 %), then the geometr
 mean of stq / stg by lanes a row and mode.
 """
 
-import argparse
-
 import numpy as np
 
-from exact_cost import arguments  # run as a script: benchmarks/ on the path
-from one_test_ab import geometric_mean
-from pack_staged_ab import MODES, cell_launches, cells_of
-from word_floor import word_floors
+from one_test_ab import geometric_mean  # run as a script: benchmarks/ on the path
+from pack_staged_ab import MODES, cell_launches, run_cell, setup
 
 WAYS = {"stg": dict(tokens=True, staged=True, quad_loads=False),
         "stq": dict(tokens=True, staged=True, quad_loads=True)}
 
 
 def main():
-    import sys
-
-    from cupy_dcp.bench import _ints
     from cupy_dcp.kernels._rows import lanes_per_row
 
-    extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--batches", type=_ints, default=[256, 512, 1024, 2048])
-    known, rest = extra.parse_known_args()
-    sys.argv = sys.argv[:1] + rest
-    if not known.batches or min(known.batches) < 1:
-        raise SystemExit("--batches must be a comma list of positive token counts")
-    args, cells = arguments(__doc__.splitlines()[0], cells_of(known.batches))
-    import cupy
-
-    from cupy_dcp import _kernel_bench as kb
-
-    rng = np.random.default_rng(0)
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        memcpy, vector = kb.copy_bandwidth(cupy, stream)
-    rate = max(memcpy, vector)
-    print(f"# pack_quad_loads_ab: us per call, graph of {args.calls} calls, median of "
-          f"{args.reps} replays, median of {args.rounds} rounds; the 16-byte copy at "
-          f"{rate:.0f} GB/s (pct: of it); floors in the packs' grid")
+    args, cells, cupy, kb, rng, stream, rate = setup(__doc__, "pack_quad_loads_ab")
     print(f"{'cell':>34} {'empty':>6} {'quads':>6} {'words':>6} | " + " | ".join(
         f"{m:>6}: {'stg':>6} {'stq':>6} {'stq/stg':>7} {'stg%':>5} {'stq%':>5}" for m in MODES))
     ratios = {}
@@ -76,16 +51,8 @@ def main():
         except ValueError as exc:
             print(f"{' '.join(map(str, cell))}: not timed ({exc})", flush=True)
             continue
-        cupy.cuda.runtime.deviceSynchronize()  # (buffers zeroed on the legacy stream)
-        for kernel, grid, block, kargs in launches.values():
-            kernel(grid, block, stream.ptr, kargs)
-        stream.synchronize()
-        same = all(all(bool(cupy.array_equal(p, q)) for p, q in
-                       zip(buffers[f"stg_{m}"], buffers[f"stq_{m}"])) for m in MODES)
-        grid, block = launches["stg_plain"][1:3]
-        launches.update(word_floors(cupy, nread, nwritten, grid, block, quads=True))
-        with stream:
-            us = kb._interleaved_us(cupy, stream, launches, args.rounds, args.calls, args.reps)
+        same, us, block = run_cell(cupy, kb, stream, args, launches, buffers, nread, nwritten,
+                                   "stg", ("stq",))
         pct = lambda t: 100 * (nread + nwritten) / t / 1e3 / rate  # noqa: E731
         words = D // 2 if np.dtype(dt).itemsize == 2 else D
         group = lanes_per_row(words)

@@ -89,7 +89,12 @@ def cell_launches(cupy, rng, dtype_name, n, B, H, D, ways=WAYS):
     return launches, buffers, (x.nbytes + lse.nbytes, written)
 
 
-def main():
+def setup(doc, name):
+    """``(args, cells, cupy, kb, rng, stream, rate)`` for an A/B of the packs by tokens:
+    the command line (``--batches`` beside :func:`exact_cost.arguments`'s, described by
+    ``doc``'s first line), the cells it picks (:func:`cells_of`), a non-blocking stream
+    and the GPU's 16-byte copy rate in GB/s, measured on it and printed in a header line
+    that names ``name``."""
     import sys
 
     from cupy_dcp.bench import _ints
@@ -100,7 +105,7 @@ def main():
     sys.argv = sys.argv[:1] + rest
     if not known.batches or min(known.batches) < 1:
         raise SystemExit("--batches must be a comma list of positive token counts")
-    args, cells = arguments(__doc__.splitlines()[0], cells_of(known.batches))
+    args, cells = arguments(doc.splitlines()[0], cells_of(known.batches))
     import cupy
 
     from cupy_dcp import _kernel_bench as kb
@@ -110,9 +115,35 @@ def main():
     with stream:
         memcpy, vector = kb.copy_bandwidth(cupy, stream)
     rate = max(memcpy, vector)
-    print(f"# pack_staged_ab: us per call, graph of {args.calls} calls, median of {args.reps} "
+    print(f"# {name}: us per call, graph of {args.calls} calls, median of {args.reps} "
           f"replays, median of {args.rounds} rounds; the 16-byte copy at {rate:.0f} GB/s "
           f"(pct: of it); floors in stg's grid")
+    return args, cells, cupy, kb, rng, stream, rate
+
+
+def run_cell(cupy, kb, stream, args, launches, buffers, nread, nwritten, base, others):
+    """Launch every pack of ``launches`` once, then time them with the floors of
+    ``word_floors`` in stg's grid, interleaved over ``args.rounds``: ``(same, us,
+    block)``, ``same`` where each of ``others`` wrote what ``base`` did in every mode
+    it ran (``buffers``, as :func:`cell_launches` gives them)."""
+    # the buffers were zeroed on the legacy stream, which a non-blocking stream does
+    # not wait for: a pack launched on it at once could race their memsets
+    cupy.cuda.runtime.deviceSynchronize()
+    for kernel, grid, block, kargs in launches.values():
+        kernel(grid, block, stream.ptr, kargs)
+    stream.synchronize()
+    same = all(all(bool(cupy.array_equal(p, q)) for p, q in
+                   zip(buffers[f"{base}_{m}"], buffers[f"{way}_{m}"]))
+               for m in MODES for way in others if f"{way}_{m}" in buffers)
+    grid, block = launches["stg_plain"][1:3]
+    launches.update(word_floors(cupy, nread, nwritten, grid, block, quads=True))
+    with stream:
+        us = kb._interleaved_us(cupy, stream, launches, args.rounds, args.calls, args.reps)
+    return same, us, block
+
+
+def main():
+    args, cells, cupy, kb, rng, stream, rate = setup(__doc__, "pack_staged_ab")
     print(f"{'cell':>30} {'empty':>6} {'quads':>6} {'words':>6} | " + " | ".join(
         f"{m:>6}: {'lib':>6} {'tok':>6} {'stg':>6} {'stg/tok':>7} {'tok%':>5} {'stg%':>5}"
         for m in MODES))
@@ -123,19 +154,8 @@ def main():
         except ValueError as exc:  # B past the grid's z: no pack by tokens
             print(f"{' '.join(map(str, cell))}: not timed ({exc})", flush=True)
             continue
-        # the buffers were zeroed on the legacy stream, which a non-blocking stream does
-        # not wait for: a pack launched on it at once could race their memsets
-        cupy.cuda.runtime.deviceSynchronize()
-        for kernel, grid, block, kargs in launches.values():
-            kernel(grid, block, stream.ptr, kargs)
-        stream.synchronize()
-        same = all(all(bool(cupy.array_equal(p, q)) for p, q in
-                       zip(buffers[f"lib_{m}"], buffers[f"{way}_{m}"]))
-                   for m in MODES for way in ("tok", "stg") if f"{way}_{m}" in buffers)
-        grid, block = launches["stg_plain"][1:3]
-        launches.update(word_floors(cupy, nread, nwritten, grid, block, quads=True))
-        with stream:
-            us = kb._interleaved_us(cupy, stream, launches, args.rounds, args.calls, args.reps)
+        same, us, block = run_cell(cupy, kb, stream, args, launches, buffers, nread, nwritten,
+                                   "lib", ("tok", "stg"))
         pct = lambda t: 100 * (nread + nwritten) / t / 1e3 / rate  # noqa: E731
         dt, n, B, H, D = cell
         line = f"{dt:>8} N={n} B={B:>4} {H:>3}x{D:<3} w{block[1]} " \
