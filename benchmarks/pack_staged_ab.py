@@ -89,12 +89,13 @@ def cell_launches(cupy, rng, dtype_name, n, B, H, D, ways=WAYS):
     return launches, buffers, (x.nbytes + lse.nbytes, written)
 
 
-def setup(doc, name):
+def setup(doc, name, cells_for=cells_of, floors="stg"):
     """``(args, cells, cupy, kb, rng, stream, rate)`` for an A/B of the packs by tokens:
     the command line (``--batches`` beside :func:`exact_cost.arguments`'s, described by
-    ``doc``'s first line), the cells it picks (:func:`cells_of`), a non-blocking stream
+    ``doc``'s first line), the cells it picks (``cells_for(batches)``, :func:`cells_of`
+    by default), a non-blocking stream
     and the GPU's 16-byte copy rate in GB/s, measured on it and printed in a header line
-    that names ``name``."""
+    that names ``name`` and the way whose grid the floors take (``floors``)."""
     import sys
 
     from cupy_dcp.bench import _ints
@@ -105,7 +106,7 @@ def setup(doc, name):
     sys.argv = sys.argv[:1] + rest
     if not known.batches or min(known.batches) < 1:
         raise SystemExit("--batches must be a comma list of positive token counts")
-    args, cells = arguments(doc.splitlines()[0], cells_of(known.batches))
+    args, cells = arguments(doc.splitlines()[0], cells_for(known.batches))
     import cupy
 
     from cupy_dcp import _kernel_bench as kb
@@ -117,15 +118,16 @@ def setup(doc, name):
     rate = max(memcpy, vector)
     print(f"# {name}: us per call, graph of {args.calls} calls, median of {args.reps} "
           f"replays, median of {args.rounds} rounds; the 16-byte copy at {rate:.0f} GB/s "
-          f"(pct: of it); floors in stg's grid")
+          f"(pct: of it); floors in {floors}'s grid")
     return args, cells, cupy, kb, rng, stream, rate
 
 
-def run_cell(cupy, kb, stream, args, launches, buffers, nread, nwritten, base, others):
+def run_cell(cupy, kb, stream, args, launches, buffers, nread, nwritten, base, others,
+             floors="stg"):
     """Launch every pack of ``launches`` once, then time them with the floors of
-    ``word_floors`` in stg's grid, interleaved over ``args.rounds``: ``(same, us,
-    block)``, ``same`` where each of ``others`` wrote what ``base`` did in every mode
-    it ran (``buffers``, as :func:`cell_launches` gives them)."""
+    ``word_floors`` in the grid of way ``floors``, interleaved over ``args.rounds``:
+    ``(same, us, block)``, ``same`` where each of ``others`` wrote what ``base`` did in
+    every mode it ran (``buffers``, as :func:`cell_launches` gives them)."""
     # the buffers were zeroed on the legacy stream, which a non-blocking stream does
     # not wait for: a pack launched on it at once could race their memsets
     cupy.cuda.runtime.deviceSynchronize()
@@ -135,7 +137,7 @@ def run_cell(cupy, kb, stream, args, launches, buffers, nread, nwritten, base, o
     same = all(all(bool(cupy.array_equal(p, q)) for p, q in
                    zip(buffers[f"{base}_{m}"], buffers[f"{way}_{m}"]))
                for m in MODES for way in others if f"{way}_{m}" in buffers)
-    grid, block = launches["stg_plain"][1:3]
+    grid, block = launches[f"{floors}_plain"][1:3]
     launches.update(word_floors(cupy, nread, nwritten, grid, block, quads=True))
     with stream:
         us = kb._interleaved_us(cupy, stream, launches, args.rounds, args.calls, args.reps)

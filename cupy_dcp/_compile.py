@@ -32,15 +32,18 @@ __all__ = ["a2a_tasks", "agrs_tasks", "build_shared", "direct_paths", "direct_re
 PATHS = ("tiles", "words", "lines")  # the order of a direct plan's residency list
 
 
-def a2a_tasks(dtype, head_dim, world_size=0, standalone=False, max_tokens=0):
+def a2a_tasks(dtype, head_dim, world_size=0, standalone=False, max_tokens=0, local_heads=0):
     """The pack and combine kernels of a :class:`DcpA2APlan` of ``world_size`` ranks
     (0: the combine for any N); with ``standalone``, also those that ``pack_send`` and
     ``unpack_combine`` launch outside a plan (the pack a block row per token and the
     combine a block a row, without a plan's trailer). Calls of ``max_tokens`` tokens
     or fewer: from ``_pack_tokens.STAGED_TOKENS_LEAST`` on, rows of words of one step
     also take the pack by tokens staged through shared memory (and, where
-    ``_pack_tokens.may_load_quads``, its twin that reads them as quads)."""
+    ``_pack_tokens.may_load_quads``, its twin that reads them as quads); from
+    ``_pack_tokens.BLOCK_TOKENS_LEAST`` on, where ``local_heads`` rows (0: any number)
+    fit one warp, the pack by tokens of ``_pack_tokens.BLOCK_TOKENS`` tokens a block."""
     from .kernels.combine import combine_kernel, combine_variants, static_shards
+    from .kernels import _pack_tokens
     from .kernels._pack_tokens import STAGED_TOKENS_LEAST, may_load_quads, tokens_kernel
     from .kernels.pack import pack_kernel, wide_rows
 
@@ -76,6 +79,14 @@ def a2a_tasks(dtype, head_dim, world_size=0, standalone=False, max_tokens=0):
                       for stage in staged for masked in (True, False)
                       for signs in (((True, False), (True, True), (False, False)) if standalone
                                     else ((True, False), (True, True)))]
+            together = _pack_tokens.BLOCK_TOKENS  # several tokens a block: no lead plane
+            if together > 1 and max_tokens >= _pack_tokens.BLOCK_TOKENS_LEAST and \
+                    (not local_heads or _pack_tokens.fits_a_warp(local_heads, group)):
+                full = [stage + (False,) * (2 - len(stage)) for stage in staged]
+                tasks += [functools.partial(tokens_kernel, np.dtype(bits), group, masked,
+                                            signed, False, *stage, together)
+                          for stage in full for masked in (True, False)
+                          for signed in ((True, False) if standalone else (True,))]
         return tasks
 
     if bits.itemsize == 2 and D % 2 == 0:  # words, and bfloat16 and float16 in pairs

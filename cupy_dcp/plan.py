@@ -572,7 +572,8 @@ class DcpA2APlan(_Plan):
 
     def _warm_up(self, settings, device):
         build_shared(self.comm, a2a_tasks(self.dtype, self.head_dim, self.comm.world_size,
-                                          max_tokens=self.max_tokens))
+                                          max_tokens=self.max_tokens,
+                                          local_heads=self.local_heads))
 
     def _buffers(self, tokens):
         """Send and receive views for ``tokens`` tokens, built once per size."""

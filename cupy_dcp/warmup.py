@@ -102,7 +102,8 @@ def tasks(args):
     if "a2a" in args.plans:
         found += [(f"a2a #{i}", t)  # a plan's, and pack_send's and unpack_combine's alone
                   for i, t in enumerate(_compile.a2a_tasks(dtype, D, n, standalone=True,
-                                                           max_tokens=args.max_tokens))]
+                                                           max_tokens=args.max_tokens,
+                                                           local_heads=args.heads // n))]
     if "agrs" in args.plans:
         found += [(f"agrs #{i}", t)
                   for i, t in enumerate(_compile.agrs_tasks(dtype, args.heads, D))]

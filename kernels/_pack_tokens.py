@@ -33,6 +33,12 @@ start 16-byte aligned and hold 4k words, and a row takes few lanes
 (:func:`loads_quads`), it also reads them as quads (``quad_loads``): lane ``l`` of a
 row's group loads quads ``l`` and ``l + group``, a quarter of the load instructions,
 and writes their words into shared memory as the plain twin does.
+
+Where a token's rows of one rank fit one warp (few heads a rank, short rows), a block
+row a token is a block of one warp: many small blocks, too small to stage. The
+``block_tokens`` twin takes that many consecutive tokens a block, a warp each, on a grid
+``(1, N, B / block_tokens)``; their rows are one contiguous span of each chunk, so its
+staged form gathers and writes them as one (:func:`tokens_a_block` says where).
 """
 
 import functools
@@ -50,10 +56,11 @@ from ._rows import (GROUPS, MAX_GRID_Z, MAX_REGISTERS, UNROLL, WARP, WARPS_PER_B
 from ._trailer import CALL, TOKENS, WORDS
 from ._vector import QUAD, vector_functions
 
-__all__ = ["LEAD_MOST_BLOCKS", "QUAD_LOADS_GROUP_MOST", "STAGED_TOKENS_LEAST",
-           "STAGED_WARPS_LEAST", "STAGE_WORDS", "TOKEN_BLOCKS_MOST", "TOKEN_BYTES_MOST",
-           "by_tokens", "can_load_quads", "can_stage", "loads_quads", "may_load_quads",
-           "signs_ahead", "stages", "tokens_kernel"]
+__all__ = ["BLOCK_TOKENS", "BLOCK_TOKENS_LEAST", "LEAD_MOST_BLOCKS", "QUAD_LOADS_GROUP_MOST",
+           "STAGED_TOKENS_LEAST", "STAGED_WARPS_LEAST", "STAGE_WORDS", "TOKEN_BLOCKS_MOST",
+           "TOKEN_BYTES_MOST", "by_tokens", "can_load_quads", "can_stage", "fits_a_warp",
+           "loads_quads", "may_load_quads", "signs_ahead", "stages", "token_block_grid",
+           "tokens_a_block", "tokens_kernel"]
 
 # This kernel takes at most TOKEN_BLOCKS_MOST tokens, or more where the input holds at
 # most TOKEN_BYTES_MOST bytes: beyond both, ``pack``'s kernels were as fast or faster in
@@ -79,21 +86,56 @@ QUADS = UNROLL // QUAD  # the quads a lane of the staged twin loads, where it lo
 # mask; 0.79-0.99 in all), 0.96x at 16 (0.90-1.01), 1.00x at 32, the same bits
 # (``benchmarks/pack_quad_loads_ab.py``; ``benchmarks/NOTES.md``, 2026-12-06, ninth).
 QUAD_LOADS_GROUP_MOST = 16
+# Where a token's rows fit one warp, a pack by tokens of at least BLOCK_TOKENS_LEAST
+# tokens takes BLOCK_TOKENS of them a block, a warp each (1: a block row a token), so that
+# its blocks are fewer and, from STAGED_WARPS_LEAST warps, staged.
+BLOCK_TOKENS = 1
+BLOCK_TOKENS_LEAST = STAGED_TOKENS_LEAST
 
 
-def by_tokens(data, grid, wide, most=None):
+def by_tokens(data, grid, wide, most=None, block_tokens=1):
     """Whether a pack of ``data`` (:class:`DeviceArray`, ``[B, H, D]`` as the kernel
-    moves it) on ``grid`` (``_rows.tile_grid``'s) takes this kernel: rows of one step
-    (not ``wide``), read through a flat view (:meth:`DeviceArray.span` not empty),
-    a block row for each token (the grid's z is B), and at most ``most`` tokens
-    (``None``: :data:`TOKEN_BLOCKS_MOST`, or any number where ``data`` holds at most
+    moves it) on ``grid`` (``_rows.tile_grid``'s, or :func:`token_block_grid`'s) takes
+    this kernel: rows of one step (not ``wide``), read through a flat view
+    (:meth:`DeviceArray.span` not empty), a block row for each token (the grid's z is
+    B), or for each ``block_tokens`` tokens, and at most ``most`` tokens (``None``:
+    :data:`TOKEN_BLOCKS_MOST`, or any number where ``data`` holds at most
     :data:`TOKEN_BYTES_MOST` bytes)."""
     tokens = data.shape[0]
     if most is None:
         most = MAX_GRID_Z if data.size * data.dtype.itemsize <= TOKEN_BYTES_MOST else \
             TOKEN_BLOCKS_MOST
     return not wide and 0 < tokens <= min(most, MAX_GRID_Z) and \
-        grid[2] == tokens and data.span().shape[0] > 0
+        grid[2] * block_tokens == tokens and data.span().shape[0] > 0
+
+
+def fits_a_warp(heads, group):
+    """Whether a token's ``heads`` rows of ``group`` lanes fit one warp, as a pack of
+    several tokens a block (:func:`tokens_kernel`'s ``block_tokens``) takes them."""
+    return 0 < heads <= WARP // group
+
+
+def token_block_grid(send, tokens, block_tokens):
+    """``(grid, block)`` of a pack of ``tokens`` tokens into ``send``
+    (:class:`DeviceArray` ``[N, B', H/N, W]``), ``block_tokens`` tokens a block, a
+    warp each: ``(1, N, tokens / block_tokens)`` blocks of ``(32, block_tokens)``."""
+    return (1, send.shape[0], tokens // block_tokens), (WARP, block_tokens)
+
+
+def tokens_a_block(data, send, recv, wide):
+    """The tokens a block of a pack of ``data`` into ``send`` and ``recv`` by tokens:
+    :data:`BLOCK_TOKENS` where a token's rows fit one warp (:func:`fits_a_warp`), the
+    tokens are at least :data:`BLOCK_TOKENS_LEAST` and a multiple of it, and on that
+    grid the pack goes by tokens (:func:`by_tokens`, or staged: :func:`stages`);
+    else 1, a block row a token."""
+    tokens, block_tokens = data.shape[0], BLOCK_TOKENS
+    if block_tokens < 2 or wide or tokens < BLOCK_TOKENS_LEAST or tokens % block_tokens or \
+            not fits_a_warp(send.shape[2], lanes_per_row(data.shape[2])):
+        return 1
+    grid, block = token_block_grid(send, tokens, block_tokens)
+    taken = by_tokens(data, grid, wide, None, block_tokens) or \
+        stages(data, send, recv, grid, block, wide, block_tokens)
+    return block_tokens if taken else 1
 
 
 def can_stage(data, send, recv, block):
@@ -128,14 +170,16 @@ def loads_quads(data, group):
     return may_load_quads(data.shape[2], group) and can_load_quads(data)
 
 
-def stages(data, send, recv, grid, block, wide):
+def stages(data, send, recv, grid, block, wide, block_tokens=1):
     """Whether a pack of ``data`` on ``grid`` and ``block`` (``_rows.tile_grid``'s,
-    its z set to the tokens) takes the staged twin: where it can (:func:`can_stage`),
-    by tokens (rows of one step read through a flat view, a token a block row:
+    its z set to the tokens, or :func:`token_block_grid`'s for ``block_tokens``)
+    takes the staged twin: where it can (:func:`can_stage`), by tokens (rows of one
+    step read through a flat view, a token a block row or ``block_tokens`` a block:
     :func:`by_tokens` at any bytes), at least :data:`STAGED_TOKENS_LEAST` tokens,
     blocks of at least :data:`STAGED_WARPS_LEAST` warps."""
     return data.shape[0] >= STAGED_TOKENS_LEAST and block[1] >= STAGED_WARPS_LEAST and \
-        by_tokens(data, grid, wide, MAX_GRID_Z) and can_stage(data, send, recv, block)
+        by_tokens(data, grid, wide, MAX_GRID_Z, block_tokens) and \
+        can_stage(data, send, recv, block)
 
 
 def signs_ahead(grid):
@@ -146,8 +190,11 @@ def signs_ahead(grid):
 
 
 @functools.cache
-def _tokens_kernel(group, half, masked, signed, lead=False, staged=False, quad_loads=False):
+def _tokens_kernel(group, half, masked, signed, lead=False, staged=False, quad_loads=False,
+                   block_tokens=1):
     lead = lead and signed
+    one = block_tokens == 1  # a token a block row; else a warp a token, block_tokens a block
+    u_block_tokens = np.uint32(block_tokens)
     from .pack import lse_bits_steps  # (pack imports this module)
 
     row_lse_fetch, row_lse_of = lse_bits_steps()
@@ -206,13 +253,19 @@ def _tokens_kernel(group, half, masked, signed, lead=False, staged=False, quad_l
                  heads, width, d_count, s0, s1, chunk_tokens):
         tx = u32(cuda.threadIdx.x)
         lane = u32(tx % u_group)
-        warp = u32(u32(cuda.blockIdx.x) * u32(cuda.blockDim.y) + u32(cuda.threadIdx.y))
-        h = u32(u32(warp * per_warp) + u32(tx // u_group))
+        if one:
+            warp = u32(u32(cuda.blockIdx.x) * u32(cuda.blockDim.y) + u32(cuda.threadIdx.y))
+            h = u32(u32(warp * per_warp) + u32(tx // u_group))
+        else:  # a token's rows are one warp's: the grid's x is 1
+            h = u32(tx // u_group)
         hn = u32(heads)
         if h >= hn:
             return
         r = u32(cuda.blockIdx.y)
-        b = u32(u32(cuda.blockIdx.z) - u32(1)) if lead else u32(cuda.blockIdx.z)
+        if one:
+            b = u32(u32(cuda.blockIdx.z) - u32(1)) if lead else u32(cuda.blockIdx.z)
+        else:
+            b = u32(u32(u32(cuda.blockIdx.z) * u_block_tokens) + u32(cuda.threadIdx.y))
         d = u32(d_count)
         head = u32(u32(r * hn) + h)
         buf = cuda.local.array(UNROLL, send.dtype)
@@ -274,15 +327,26 @@ def _tokens_kernel(group, half, masked, signed, lead=False, staged=False, quad_l
             stage = cuda.shared.array(STAGE_WORDS, np.uint32, alignment=aligned)
             tx = u32(cuda.threadIdx.x)
             lane = u32(tx % u_group)
-            per_block = u32(u32(cuda.blockDim.y) * per_warp)
-            first_row = u32(u32(cuda.blockIdx.x) * per_block)
-            j = u32(u32(u32(cuda.threadIdx.y) * per_warp) + u32(tx // u_group))
-            h = u32(first_row + j)
+            if one:
+                per_block = u32(u32(cuda.blockDim.y) * per_warp)
+                first_row = u32(u32(cuda.blockIdx.x) * per_block)
+                j = u32(u32(u32(cuda.threadIdx.y) * per_warp) + u32(tx // u_group))
+                h = u32(first_row + j)
+            else:  # warp y holds token y's rows, which follow token y - 1's in the chunk
+                h = u32(tx // u_group)
             hn = u32(heads)
             r = u32(cuda.blockIdx.y)
-            b = u32(u32(cuda.blockIdx.z) - u32(1)) if lead else u32(cuda.blockIdx.z)
+            if one:
+                b = u32(u32(cuda.blockIdx.z) - u32(1)) if lead else u32(cuda.blockIdx.z)
+            else:
+                first = u32(u32(cuda.blockIdx.z) * u_block_tokens)
+                b = u32(first + u32(cuda.threadIdx.y))
+                j = u32(u32(u32(cuda.threadIdx.y) * hn) + h)
             d, w = u32(d_count), u32(width)
-            span = u64(u32(u32(u32(r * u32(chunk_tokens)) + b) * hn) + first_row) * u64(w)
+            if one:
+                span = u64(u32(u32(u32(r * u32(chunk_tokens)) + b) * hn) + first_row) * u64(w)
+            else:
+                span = u64(u32(u32(r * u32(chunk_tokens)) + first) * hn) * u64(w)
             off = u32(u32(span) & quad_mask)
             if h < hn:
                 head = u32(u32(r * hn) + h)
@@ -317,7 +381,10 @@ def _tokens_kernel(group, half, masked, signed, lead=False, staged=False, quad_l
             cuda.syncthreads()
             dst = recv if self_rank >= 0 and np.int64(r) == self_rank else send
             base = span - u64(off)  # the quad boundary at or before the span
-            end = u32(off + u32(u32(min(u32(hn - first_row), per_block)) * w))
+            if one:
+                end = u32(off + u32(u32(min(u32(hn - first_row), per_block)) * w))
+            else:
+                end = u32(off + u32(u32(u_block_tokens * hn) * w))
             quads = u32(u32(off + quad_mask) & quad_floor)  # the first quad boundary in it
             stop = u32(end & quad_floor)  # the last
             if stop < quads:  # no whole quad: every word alone
@@ -424,14 +491,15 @@ def _tokens_kernel(group, half, masked, signed, lead=False, staged=False, quad_l
         row_of(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank,
                heads, width, d_count, s0, s1, chunk_tokens)
         if t < words:
+            tokens = u32(cuda.gridDim.z) if one else u32(u32(cuda.gridDim.z) * u_block_tokens)
             sign(send, recv, self_rank, signature, state, heads, width, chunk_tokens,
-                 u32(cuda.gridDim.z), t, t_step, words, count, word)
+                 tokens, t, t_step, words, count, word)
 
     return signed_pack
 
 
 def tokens_kernel(bits, group, masked=True, signed=False, lead=False, staged=False,
-                  quad_loads=False):
+                  quad_loads=False, block_tokens=1):
     """This kernel for element bits ``bits`` (uint16 or uint32), ``group`` lanes a
     row, with a mask or without one (``masked``: one without reads no ``seq_lens``),
     and signing a plan's trailer (``signed``). Its arguments: ``data.span()`` (the
@@ -445,23 +513,30 @@ def tokens_kernel(bits, group, masked=True, signed=False, lead=False, staged=Fal
     along z, the first, whose first block signs the chunks (:func:`signs_ahead`);
     ``staged`` (uint32 only): the rows go out through shared memory as aligned quads
     (:func:`stages`); ``quad_loads`` (staged only): it reads them as 16-byte quads too
-    (:func:`loads_quads`)."""
+    (:func:`loads_quads`); ``block_tokens`` (not ``lead``): that many tokens a block, a
+    warp each, where a token's rows fit one warp (:func:`tokens_a_block`), on a grid
+    ``(1, N, B / block_tokens)`` of blocks ``(32, block_tokens)``."""
     # one kernel object for the same kernel, however the flags are passed (a plan warms
     # up the very objects that its launches then pick)
     return _specialized(np.dtype(bits), int(group), bool(masked), bool(signed), bool(lead),
-                        bool(staged), bool(quad_loads))
+                        bool(staged), bool(quad_loads), int(block_tokens))
 
 
 @functools.cache
-def _specialized(bits, group, masked, signed, lead, staged, quad_loads):
+def _specialized(bits, group, masked, signed, lead, staged, quad_loads, block_tokens):
     if staged and bits.itemsize != 4:
         raise ValueError(f"the staged pack moves rows of uint32 words (got {bits})")
     if quad_loads and not staged:
         raise ValueError("only the staged pack reads its rows as quads")
+    if not 1 <= block_tokens <= WARPS_PER_BLOCK:
+        raise ValueError(f"a block takes 1 to {WARPS_PER_BLOCK} tokens (got {block_tokens})")
+    if block_tokens > 1 and lead and signed:
+        raise ValueError("a pack of several tokens a block signs in the rows' blocks, "
+                         "not in a lead plane")
     i64 = types.int64
     flat = array_type(bits, 1, True)
     index = array_type(np.int64, 1, True)
     argtypes = (flat, array_type(np.uint32, 2, False), index, index, i64, flat, flat, i64,
                 i64, i64, i64, i64, i64, i64) + ((index, index) if signed else ())
     return SpecializedKernel(_tokens_kernel(group, bits.itemsize == 2, masked, signed, lead,
-                                            staged, quad_loads), argtypes)
+                                            staged, quad_loads, block_tokens), argtypes)

@@ -31,8 +31,9 @@ from ._format import (LSE_HALF_BITS, LSE_HALF_MASK, WRITES_WHILE_READING, check_
                       check_rank)
 from ._launch import SpecializedKernel, array_type
 from ._math import NEG_INF_BITS
-from ._pack_tokens import (by_tokens, can_load_quads, can_stage, loads_quads, signs_ahead,
-                           stages, tokens_kernel)
+from ._pack_tokens import (by_tokens, can_load_quads, can_stage, fits_a_warp, loads_quads,
+                           signs_ahead, stages, token_block_grid, tokens_a_block,
+                           tokens_kernel)
 from ._quad_rows import quad_row_packer
 from ._rows import MAX_GRID_Z, MAX_REGISTERS, UNROLL, WARP, lanes_per_row, tile_grid
 from ._specs import check_pack_args
@@ -541,7 +542,7 @@ def pack_send(out, lse, send, stream=None, seq_lens=None, query_start_loc=None,
 
 
 def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv, self_rank,
-                signed=None, tokens=None, staged=None, quad_loads=None):
+                signed=None, tokens=None, staged=None, quad_loads=None, block_tokens=None):
     """``(kernel, grid, block, args)`` of one pack: :class:`DeviceArray` arguments in,
     moved as uint32 words where the 16-bit data and both buffers allow it (the
     LSE's two lanes are then one word).
@@ -563,7 +564,10 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
     ``_pack_tokens.can_stage`` does). A staged pack reads its rows as 16-byte
     quads where ``_pack_tokens.loads_quads`` says so; ``quad_loads`` overrides
     that (``True`` requires a staged pack and what ``_pack_tokens.can_load_quads``
-    does).
+    does). Where a token's rows fit one warp, a pack by tokens takes several tokens a
+    block as ``_pack_tokens.tokens_a_block`` says; ``block_tokens`` overrides that
+    (more than 1 requires a pack by tokens whose rows fit a warp, of a multiple of
+    ``block_tokens`` tokens).
     """
     send.require_c_contiguous("send")
     recv.require_c_contiguous("recv")
@@ -577,19 +581,28 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
     group = lanes_per_row(data.shape[2])
     grid, block = tile_grid(send.shape[2], data.shape[0], group, send.shape[0])
     wide = wide_rows(data.shape[2])
-    full = (grid[0], grid[1], data.shape[0])  # a block row for every token, past MAX_BLOCKS
+    together = int(block_tokens) if block_tokens is not None else \
+        1 if tokens is False else tokens_a_block(data, send, recv, wide)
+    if together > 1:
+        if wide or not fits_a_warp(send.shape[2], group) or data.shape[0] % together:
+            raise ValueError(f"a pack of {together} tokens a block moves rows of one step "
+                             f"that fit a warp a token, of a multiple of {together} tokens")
+        grid, block = token_block_grid(send, data.shape[0], together)
+    full = (grid[0], grid[1], data.shape[0] // together)  # every token, past MAX_BLOCKS
     stage = bool(staged) if staged is not None else \
-        tokens is not False and stages(data, send, recv, full, block, wide)
-    if stage and data.shape[0] <= MAX_GRID_Z:
+        tokens is not False and stages(data, send, recv, full, block, wide, together)
+    if stage and full[2] <= MAX_GRID_Z:
         grid = full
     if tokens is None:
-        tokens = by_tokens(data, grid, wide) or stage
-    if tokens and not by_tokens(data, grid, wide, MAX_GRID_Z):
+        tokens = by_tokens(data, grid, wide, None, together) or stage
+    if tokens and not by_tokens(data, grid, wide, MAX_GRID_Z, together):
         raise ValueError("a pack by tokens moves rows of one step, read through a flat "
                          "view, a token a block row")
+    if together > 1 and not tokens:
+        raise ValueError("a pack of several tokens a block is a pack by tokens")
     if tokens:
         signs = signed is not None and send.shape[1] > data.shape[0]
-        lead = signs and signs_ahead(grid)
+        lead = signs and together == 1 and signs_ahead(grid)
         if stage and not can_stage(data, send, recv, block):
             raise ValueError("a staged pack moves rows of uint32 words into 16-byte aligned "
                              "buffers, a block's rows within _pack_tokens.STAGE_WORDS")
@@ -599,7 +612,7 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
             raise ValueError("a pack reads its rows as quads where it is staged, its rows "
                              "are 16-byte aligned and their words a multiple of four")
         kernel = tokens_kernel(data.dtype, group, int(num_seqs) >= 0, signs, lead, stage,
-                               quads)
+                               quads, together)
         if lead:  # a plane of blocks before the rows': its first block signs
             grid = (grid[0], grid[1], grid[2] + 1)
         return kernel, grid, block, (

@@ -92,16 +92,18 @@ def input_in_layout(to_device, x, strided):
 
 
 def check_pack_by_tokens(to_device, to_host, dtype, n, b, h, d, rng, strided=False,
-                         masked=False, signed=False, self_rank=-1):
+                         masked=False, signed=False, self_rank=-1, block_tokens=(1,)):
     """The pack a block row per token (``_pack_tokens``), its staged twin where rows
-    are words, and the pack of ``pack``'s kernels, each asked for by
-    ``pack_launch(..., tokens=, staged=)``, write the same bits:
+    are words, both with each of ``block_tokens`` tokens a block (a warp a token: rows
+    that fit one), and the pack of ``pack``'s kernels, each asked for by
+    ``pack_launch(..., tokens=, staged=, block_tokens=)``, write the same bits:
     ``pack_reference``'s rows (chunk ``self_rank`` into the receive buffer, the others
     into the send buffer, nothing else written but a plan's trailer) and, ``signed``,
     the same trailer words and call numbers. ``strided``: ``False`` or ``"heads_major"``
     (rows read through a flat view, as this kernel requires)."""
     from cupy_dcp.kernels._arrays import dummy_index, kernel_array
-    from cupy_dcp.kernels._pack_tokens import can_load_quads
+    from cupy_dcp.kernels._pack_tokens import can_load_quads, fits_a_warp
+    from cupy_dcp.kernels._rows import lanes_per_row
     from cupy_dcp.kernels._trailer import trailer_rows
     from cupy_dcp.kernels.pack import pack_launch
 
@@ -119,12 +121,17 @@ def check_pack_by_tokens(to_device, to_host, dtype, n, b, h, d, rng, strided=Fal
     signature = to_device(np.array([0x5DC97A11, 0, h, d, 2, 1, 0, 0], np.int64))
     expect = pack_reference(x, lse, n, mask=mask).view(bits)
     ways = [dict(tokens=False), dict(tokens=True, staged=False)]
+    moved = kernel_array(dev_x, bits)  # as pack_launch moves it: words where it can
     if np.dtype(dtype).itemsize == 4 or d % 2 == 0:  # rows of words: through shared memory
         ways.append(dict(tokens=True, staged=True, quad_loads=False))
-        words = kernel_array(dev_x, bits)
-        words = words.as_words() if bits.itemsize == 2 else words
-        if can_load_quads(words):  # rows of quads: read as quads too
+        moved = moved.as_words() if bits.itemsize == 2 else moved
+        if can_load_quads(moved):  # rows of quads: read as quads too
             ways.append(dict(tokens=True, staged=True, quad_loads=True))
+    together = [t for t in block_tokens if t > 1]
+    if together:  # several tokens a block: rows that fit a warp, tokens a multiple
+        assert fits_a_warp(h // n, lanes_per_row(moved.shape[2])), "rows past a warp"
+        assert all(b % t == 0 for t in together), "tokens not a multiple"
+        ways = ways[:1] + [dict(way, block_tokens=t) for t in block_tokens for way in ways[1:]]
     got = []
     for way in ways:
         send = to_device(np.zeros((n, rows, h // n, width), bits))

@@ -112,6 +112,25 @@ def test_a2a_variants(monkeypatch):
     assert not [c for c in a2a_tasks(BF16, 512, 2, max_tokens=least - 1) if len(c.args) == 6 and
                 c.func is tokens_kernel]
     assert len(a2a_tasks(np.dtype(np.float16), 511, max_tokens=4096)) == 3  # 16-bit: none
+    # several tokens a block (none while BLOCK_TOKENS is 1): the packs by tokens of a
+    # plan, signed by the rows' blocks (no lead plane), where a token's rows fit a warp
+    monkeypatch.setattr(_pack_tokens, "QUAD_LOADS_GROUP_MOST", 8)
+    for together in (1, 2, 4):
+        monkeypatch.setattr(_pack_tokens, "BLOCK_TOKENS", together)
+        first = _pack_tokens.BLOCK_TOKENS_LEAST
+        for heads, calls, alone, built in ((4, first, False, together > 1),
+                                           (0, first, False, together > 1),
+                                           (5, first, False, False),  # 5 rows of 8 lanes
+                                           (4, first - 1, False, False),
+                                           (4, first, True, together > 1)):
+            found = [c.args for c in a2a_tasks(BF16, 128, 8, alone, calls, heads)
+                     if c.func is tokens_kernel and len(c.args) == 8]
+            signs = (True, False) if alone else (True,)
+            staged = ((False, False), (True, False), (True, True)) if calls >= least else \
+                ((False, False),)
+            assert found == ([(np.uint32, 8, masked, signed, False, *stage, together)
+                              for stage in staged for masked in (True, False)
+                              for signed in signs] if built else []), (together, heads, calls)
     tasks = [c for c in tasks if c.func is not tokens_kernel]
     sliced = [c for c in tasks[2:] if len(c.args) == 5 or not c.args[5]]  # not a block a row
     assert sorted(c.args[4] for c in sliced) == [2, 4, 8]

@@ -73,6 +73,24 @@ def test_pack_by_tokens_writes_the_bits_of_the_other_packs(dtype, shape, monkeyp
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(3, 4, 6, 7), (4, 4, 12, 36), (8, 512, 32, 128),
+                                   (8, 256, 8, 512)], ids=lambda s: "N%dB%dH%dD%d" % s)
+def test_pack_of_tokens_a_block_writes_the_bits_of_a_token_a_block(dtype, shape):
+    """Compiled, the pack by tokens with two and four tokens a block, a warp each, plain
+    and staged, writes what a block row a token and ``pack``'s kernels write: plain, and
+    heads-major, masked, signed and routed; at the kernel bench's N = 8, 32 x 128 cell
+    and rows of one warp a token too (float32 at half their D: the same words a row)."""
+    to_device, to_host = cupy_io()
+    if np.dtype(dtype).itemsize == 4 and shape[3] >= 128:
+        shape = shape[:3] + (shape[3] // 2,)
+    rng = np.random.default_rng(sum(shape))
+    for strided, masked, signed, self_rank in ((False, False, False, -1),
+                                               ("heads_major", True, True, 1)):
+        check_pack_by_tokens(to_device, to_host, dtype, *shape, rng, strided, masked, signed,
+                             self_rank, (1, 2, 4))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(2, 5, 4, 1), (2, 9, 8, 72), (2, 33, 8, 512), (8, 3, 16, 576),
                                    (2, 5, 4, 1030)], ids=lambda s: "N%dB%dH%dD%d" % s)
 def test_pack_stores_aligned_quads_where_it_can(dtype, shape):

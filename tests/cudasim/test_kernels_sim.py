@@ -61,6 +61,21 @@ def test_pack_by_tokens_writes_the_bits_of_the_other_packs(dtype, shape, monkeyp
         check_pack_by_tokens(ident, host, dtype, *shape, rng, False, masked, True, 0)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(3, 4, 6, 7), (4, 4, 12, 36)], ids=lambda s: "N%dB%dH%dD%d" % s)
+def test_pack_of_tokens_a_block_writes_the_bits_of_a_token_a_block(dtype, shape):
+    """The pack by tokens with two and four tokens a block, a warp each, plain and staged
+    (and reading quads where the rows allow), writes what a block row a token and
+    ``pack``'s kernels write: plain, and heads-major, masked, signed by the rows' blocks
+    and routed. (4, 4, 12, 36): three rows of 19 or 37 words a token, so that a block's
+    span starts off a quad; (3, 4, 6, 7): rows of 16-bit elements, not staged."""
+    rng = np.random.default_rng(sum(shape))
+    for strided, masked, signed, self_rank in ((False, False, False, -1),
+                                               ("heads_major", True, True, 1)):
+        check_pack_by_tokens(ident, host, dtype, *shape, rng, strided, masked, signed,
+                             self_rank, (1, 2, 4))
+
+
 def test_pack_by_tokens_where_the_rule_allows():
     """``pack_launch`` picks the pack a block row per token for rows of one step read
     through a flat view, at few tokens or few bytes, and ``pack``'s kernels otherwise;
@@ -90,6 +105,66 @@ def test_pack_by_tokens_where_the_rule_allows():
     assert not picked(4, 8, 64, tokens=False)
     with pytest.raises(ValueError, match="by tokens"):
         picked(4, 8, 64, "every_other", tokens=True)
+
+
+def test_pack_of_tokens_a_block_where_the_rule_allows(monkeypatch):
+    """With ``BLOCK_TOKENS`` above 1, a pack by tokens takes that many tokens a block,
+    a warp each, where a token's rows fit a warp, from ``BLOCK_TOKENS_LEAST`` tokens, at
+    a multiple of it; staged then from two warps a block; never with a lead plane; asked
+    for where it cannot run, it says so. With 1, never."""
+    from cupy_dcp.kernels import _pack_tokens
+    from cupy_dcp.kernels._arrays import dummy_index, kernel_array
+    from cupy_dcp.kernels._rows import lanes_per_row
+    from cupy_dcp.kernels.pack import pack_launch
+
+    def launch(b, h, d, n=8, dtype=np.float32, signed=False, **kwargs):
+        """``(tokens a block, staged, grid, block)`` of the pack ``pack_launch`` picks."""
+        bits = np.uint32 if dtype == np.float32 else np.uint16
+        x = np.zeros((b, h, d), dtype).view(bits)
+        width = d + (1 if dtype == np.float32 else 2)
+        send = np.zeros((n, b + (4 if signed else 0), h // n, width), dtype).view(bits)
+        sign = (kernel_array(np.zeros(8, np.int64), np.int64),
+                kernel_array(np.zeros(2, np.int64), np.int64)) if signed else None
+        kernel, grid, block, _ = pack_launch(
+            kernel_array(x, bits), kernel_array(np.zeros((b, h), np.float32), np.uint32),
+            dummy_index(), dummy_index(), -1, kernel_array(send, bits),
+            kernel_array(send, bits), -1, sign, **kwargs)
+        moved = np.dtype(np.uint32 if dtype == np.float32 or d % 2 == 0 else np.uint16)
+        group = lanes_per_row(d if dtype == np.float32 or d % 2 else d // 2)
+        found = [(t, st) for t in (1, 2, 4) for st, q in ((False, False), (True, False),
+                                                          (True, True))
+                 for m in (False, True) for sg, ld in ((False, False), (True, False),
+                                                        (True, True))
+                 if not (ld and t > 1) and (moved.itemsize == 4 or not st) and
+                 kernel is _pack_tokens.tokens_kernel(moved, group, m, sg, ld, st, q, t)]
+        assert len(found) <= 1
+        return (found[0] if found else (0, False)) + (grid, block)
+
+    least = _pack_tokens.BLOCK_TOKENS_LEAST
+    assert least >= _pack_tokens.STAGED_TOKENS_LEAST  # (staged whenever it takes words)
+    monkeypatch.setattr(_pack_tokens, "BLOCK_TOKENS", 1)
+    assert launch(least, 32, 64)[:2] == (1, False)  # one warp a token: a block row
+    monkeypatch.setattr(_pack_tokens, "BLOCK_TOKENS", 4)
+    assert launch(least, 32, 64) == (4, True, (1, 8, least // 4), (32, 4))
+    assert launch(least, 32, 64, signed=True)[:2] == (4, True)  # by the rows' blocks
+    assert launch(least - 4, 32, 64)[:2] == (1, False)  # too few tokens
+    assert launch(least + 2, 32, 64)[:2] == (1, False)  # not a multiple of 4
+    assert launch(least, 40, 64)[:2] == (1, True)  # 5 rows a token: two warps, staged
+    assert launch(least, 32, 64, dtype=np.float16)[:2] == (4, True)  # in pairs: words
+    assert launch(least, 32, 63, dtype=np.float16)[:2] == (4, False)  # an odd D: 16 bits
+    assert launch(least, 32, 64, tokens=False)[0] == 0  # pack's kernels
+    assert launch(8, 32, 64, block_tokens=2)[:2] == (2, False)  # asked for: few tokens
+    assert launch(8, 32, 64, signed=True, block_tokens=4)[:2] == (4, False)  # no lead plane
+    with pytest.raises(ValueError, match="fit a warp a token"):
+        launch(8, 40, 64, block_tokens=2)
+    with pytest.raises(ValueError, match="multiple of 4 tokens"):
+        launch(6, 32, 64, block_tokens=4)
+    with pytest.raises(ValueError, match="several tokens a block is a pack by tokens"):
+        launch(8, 32, 64, tokens=False, block_tokens=2)
+    with pytest.raises(ValueError, match="1 to 4 tokens"):
+        _pack_tokens.tokens_kernel(np.uint32, 8, block_tokens=8)
+    with pytest.raises(ValueError, match="not in a lead plane"):
+        _pack_tokens.tokens_kernel(np.uint32, 8, True, True, True, block_tokens=2)
 
 
 def test_pack_staged_where_the_rule_allows(monkeypatch):
