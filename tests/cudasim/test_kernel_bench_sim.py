@@ -368,3 +368,38 @@ def test_pack_staged_ab_launches_three_packs_with_the_same_bits(monkeypatch, dty
         for way in ("tok", "stg"):
             for mine, theirs in zip(buffers[f"lib_{mode}"], buffers[f"{way}_{mode}"]):
                 np.testing.assert_array_equal(mine, theirs)
+
+
+@pytest.mark.parametrize("dtype, n, B, H, D", [("bfloat16", 8, 4, 32, 16), ("float32", 4, 8, 8, 9)])
+def test_pack_block_tokens_ab_launches_packs_of_one_two_and_four_tokens_a_block(
+        monkeypatch, dtype, n, B, H, D):
+    """``benchmarks/pack_block_tokens_ab.py``: a block row a token and two and four
+    tokens a block, plain, signed and masked, each the kernel it names, write the same
+    buffers and call numbers."""
+    from pathlib import Path
+
+    from cupy_dcp.kernels import _pack_tokens
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import pack_block_tokens_ab
+    import pack_staged_ab
+
+    launches, buffers, _ = pack_staged_ab.cell_launches(
+        np, np.random.default_rng(B), dtype, n, B, H, D, ways=pack_block_tokens_ab.WAYS)
+    assert set(launches) == {f"{w}_{m}" for w in pack_block_tokens_ab.WAYS
+                             for m in pack_staged_ab.MODES}
+    for key, (kernel, grid, block, args) in launches.items():
+        together = {"one": 1, "t2": 2, "t4": 4}[key.split("_")[0]]
+        mode = key.split("_")[1]
+        lead = mode == "signed" and together == 1  # a small grid: a lead plane signs
+        assert kernel is _pack_tokens.tokens_kernel(
+            np.dtype(np.uint32), 4, mode == "masked", mode == "signed", lead, False, False,
+            together), key
+        if together > 1:
+            assert block == (32, together) and grid == (1, n, B // together), key
+        kernel(grid, block, 0, args)
+    for mode in pack_staged_ab.MODES:
+        assert buffers[f"one_{mode}"][0].any()
+        for way in ("t2", "t4"):
+            for mine, theirs in zip(buffers[f"one_{mode}"], buffers[f"{way}_{mode}"]):
+                np.testing.assert_array_equal(mine, theirs)
