@@ -33,8 +33,8 @@ import numpy as np
 from one_test_ab import geometric_mean  # run as a script: benchmarks/ on the path
 from pack_staged_ab import MODES, cell_launches, run_cell, setup
 
-WAYS = {"stg": dict(tokens=True, staged=True, quad_loads=False),
-        "stq": dict(tokens=True, staged=True, quad_loads=True)}
+WAYS = {"stg": dict(tokens=True, staged=True, quad_loads=False, block_tokens=1),
+        "stq": dict(tokens=True, staged=True, quad_loads=True, block_tokens=1)}
 
 
 def main():

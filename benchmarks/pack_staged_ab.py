@@ -36,8 +36,8 @@ from exact_cost import arguments  # run as a script: benchmarks/ on the path
 from one_test_ab import geometric_mean
 from word_floor import word_floors
 
-WAYS = {"lib": dict(tokens=False), "tok": dict(tokens=True, staged=False),
-        "stg": dict(tokens=True, staged=True, quad_loads=False)}
+WAYS = {"lib": dict(tokens=False), "tok": dict(tokens=True, staged=False, block_tokens=1),
+        "stg": dict(tokens=True, staged=True, quad_loads=False, block_tokens=1)}
 MODES = ("plain", "signed", "masked")
 
 

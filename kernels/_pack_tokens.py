@@ -122,19 +122,22 @@ def token_block_grid(send, tokens, block_tokens):
     return (1, send.shape[0], tokens // block_tokens), (WARP, block_tokens)
 
 
-def tokens_a_block(data, send, recv, wide):
+def tokens_a_block(data, send, recv, wide, staged=None):
     """The tokens a block of a pack of ``data`` into ``send`` and ``recv`` by tokens:
     :data:`BLOCK_TOKENS` where a token's rows fit one warp (:func:`fits_a_warp`), the
     tokens are at least :data:`BLOCK_TOKENS_LEAST` and a multiple of it, and on that
-    grid the pack goes by tokens (:func:`by_tokens`, or staged: :func:`stages`);
-    else 1, a block row a token."""
+    grid the pack goes by tokens (:func:`by_tokens`, or staged: :func:`stages`, unless
+    ``staged`` is ``False``; ``True``: staged, as asked); else 1, a block row a token."""
     tokens, block_tokens = data.shape[0], BLOCK_TOKENS
     if block_tokens < 2 or wide or tokens < BLOCK_TOKENS_LEAST or tokens % block_tokens or \
             not fits_a_warp(send.shape[2], lanes_per_row(data.shape[2])):
         return 1
     grid, block = token_block_grid(send, tokens, block_tokens)
-    taken = by_tokens(data, grid, wide, None, block_tokens) or \
-        stages(data, send, recv, grid, block, wide, block_tokens)
+    if staged:  # asked for: a pack by tokens at any bytes
+        taken = by_tokens(data, grid, wide, MAX_GRID_Z, block_tokens)
+    else:
+        taken = by_tokens(data, grid, wide, None, block_tokens) or (
+            staged is None and stages(data, send, recv, grid, block, wide, block_tokens))
     return block_tokens if taken else 1
 
 

@@ -582,7 +582,9 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
     grid, block = tile_grid(send.shape[2], data.shape[0], group, send.shape[0])
     wide = wide_rows(data.shape[2])
     together = int(block_tokens) if block_tokens is not None else \
-        1 if tokens is False else tokens_a_block(data, send, recv, wide)
+        1 if tokens is False else tokens_a_block(data, send, recv, wide, staged)
+    if together < 1:
+        raise ValueError(f"a pack takes one token a block or more (got {together})")
     if together > 1:
         if wide or not fits_a_warp(send.shape[2], group) or data.shape[0] % together:
             raise ValueError(f"a pack of {together} tokens a block moves rows of one step "

@@ -120,13 +120,13 @@ def check_pack_by_tokens(to_device, to_host, dtype, n, b, h, d, rng, strided=Fal
                  kernel_array(to_device(qsl), np.int64), len(seq_lens))
     signature = to_device(np.array([0x5DC97A11, 0, h, d, 2, 1, 0, 0], np.int64))
     expect = pack_reference(x, lse, n, mask=mask).view(bits)
-    ways = [dict(tokens=False), dict(tokens=True, staged=False)]
+    ways = [dict(tokens=False), dict(tokens=True, staged=False, block_tokens=1)]
     moved = kernel_array(dev_x, bits)  # as pack_launch moves it: words where it can
     if np.dtype(dtype).itemsize == 4 or d % 2 == 0:  # rows of words: through shared memory
-        ways.append(dict(tokens=True, staged=True, quad_loads=False))
+        ways.append(dict(tokens=True, staged=True, quad_loads=False, block_tokens=1))
         moved = moved.as_words() if bits.itemsize == 2 else moved
         if can_load_quads(moved):  # rows of quads: read as quads too
-            ways.append(dict(tokens=True, staged=True, quad_loads=True))
+            ways.append(dict(tokens=True, staged=True, quad_loads=True, block_tokens=1))
     together = [t for t in block_tokens if t > 1]
     if together:  # several tokens a block: rows that fit a warp, tokens a multiple
         assert fits_a_warp(h // n, lanes_per_row(moved.shape[2])), "rows past a warp"

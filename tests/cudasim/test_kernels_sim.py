@@ -62,13 +62,15 @@ def test_pack_by_tokens_writes_the_bits_of_the_other_packs(dtype, shape, monkeyp
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(3, 4, 6, 7), (4, 4, 12, 36)], ids=lambda s: "N%dB%dH%dD%d" % s)
+@pytest.mark.parametrize("shape", [(3, 4, 6, 7), (4, 4, 12, 36), (2, 8, 6, 36)],
+                         ids=lambda s: "N%dB%dH%dD%d" % s)
 def test_pack_of_tokens_a_block_writes_the_bits_of_a_token_a_block(dtype, shape):
     """The pack by tokens with two and four tokens a block, a warp each, plain and staged
     (and reading quads where the rows allow), writes what a block row a token and
     ``pack``'s kernels write: plain, and heads-major, masked, signed by the rows' blocks
     and routed. (4, 4, 12, 36): three rows of 19 or 37 words a token, so that a block's
-    span starts off a quad; (3, 4, 6, 7): rows of 16-bit elements, not staged."""
+    span starts off a quad; (3, 4, 6, 7): rows of 16-bit elements, not staged; (2, 8,
+    6, 36): blocks past the grid's first plane at four tokens a block."""
     rng = np.random.default_rng(sum(shape))
     for strided, masked, signed, self_rank in ((False, False, False, -1),
                                                ("heads_major", True, True, 1)):
@@ -155,6 +157,12 @@ def test_pack_of_tokens_a_block_where_the_rule_allows(monkeypatch):
     assert launch(least, 32, 64, tokens=False)[0] == 0  # pack's kernels
     assert launch(8, 32, 64, block_tokens=2)[:2] == (2, False)  # asked for: few tokens
     assert launch(8, 32, 64, signed=True, block_tokens=4)[:2] == (4, False)  # no lead plane
+    big = 2 * _pack_tokens.TOKEN_BYTES_MOST // (4 * 32 * 64)  # past 8 MiB: staged or not
+    assert launch(big, 32, 64)[:2] == (4, True)
+    assert launch(big, 32, 64, staged=False)[:2] == (0, False)  # pack's kernels, as before
+    assert launch(big, 32, 64, staged=True)[:2] == (4, True)
+    with pytest.raises(ValueError, match="one token a block or more"):
+        launch(8, 32, 64, block_tokens=0)
     with pytest.raises(ValueError, match="fit a warp a token"):
         launch(8, 40, 64, block_tokens=2)
     with pytest.raises(ValueError, match="multiple of 4 tokens"):
