@@ -33,7 +33,7 @@ mean of the ratios by batch and mode.
 import numpy as np
 
 from one_test_ab import geometric_mean  # run as a script: benchmarks/ on the path
-from pack_staged_ab import MODES, cell_launches, run_cell, setup
+from pack_staged_ab import MODES, setup, timed_cells
 
 WAYS = {"one": dict(block_tokens=1), "t2": dict(tokens=True, block_tokens=2),
         "t4": dict(tokens=True, block_tokens=4)}
@@ -57,22 +57,16 @@ def main():
         f"{m:>6}: {'one':>6} {'t2':>6} {'t4':>6} {'t2/1':>6} {'t4/1':>6} {'one%':>5} "
         f"{'t4%':>5}" for m in MODES))
     ratios = {}
-    for cell in cells:
+    for cell, launches, same, us, _, pct in timed_cells(cupy, kb, stream, args, rng, rate,
+                                                         cells, "one", ("t2", "t4"), WAYS,
+                                                         floors="one"):
         dt, n, B, H, D = cell
-        try:
-            launches, buffers, (nread, nwritten) = cell_launches(cupy, rng, *cell, ways=WAYS)
-        except ValueError as exc:
-            print(f"{' '.join(map(str, cell))}: not timed ({exc})", flush=True)
-            continue
         staged = {way: "s" if any(launches[f"{way}_plain"][0] is tokens_kernel(
             np.dtype(np.uint32), g, False, False, False, True, q, t)
             for g in (4, 8, 16, 32) for q in (False, True) for t in (1, 2, 4)) else "-"
             for way in WAYS}
         grids = " ".join(f"{way}{launches[f'{way}_plain'][1]}{staged[way]}".replace(" ", "")
                          for way in WAYS)
-        same, us, _ = run_cell(cupy, kb, stream, args, launches, buffers, nread, nwritten,
-                               "one", ("t2", "t4"), floors="one")
-        pct = lambda t: 100 * (nread + nwritten) / t / 1e3 / rate  # noqa: E731
         line = f"{dt:>8} N={n} B={B:>4} {H:>3}x{D:<3} {'same' if same else 'DIFFER':>6} " \
                f"{us['empty']:>6.2f} {us['quads']:>6.2f} {us['words']:>6.2f} |"
         for m in MODES:

@@ -31,7 +31,7 @@ mean of stq / stg by lanes a row and mode.
 import numpy as np
 
 from one_test_ab import geometric_mean  # run as a script: benchmarks/ on the path
-from pack_staged_ab import MODES, cell_launches, run_cell, setup
+from pack_staged_ab import MODES, setup, timed_cells
 
 WAYS = {"stg": dict(tokens=True, staged=True, quad_loads=False, block_tokens=1),
         "stq": dict(tokens=True, staged=True, quad_loads=True, block_tokens=1)}
@@ -44,16 +44,9 @@ def main():
     print(f"{'cell':>34} {'empty':>6} {'quads':>6} {'words':>6} | " + " | ".join(
         f"{m:>6}: {'stg':>6} {'stq':>6} {'stq/stg':>7} {'stg%':>5} {'stq%':>5}" for m in MODES))
     ratios = {}
-    for cell in cells:
+    for cell, _, same, us, block, pct in timed_cells(cupy, kb, stream, args, rng, rate, cells,
+                                                      "stg", ("stq",), WAYS):
         dt, n, B, H, D = cell
-        try:
-            launches, buffers, (nread, nwritten) = cell_launches(cupy, rng, *cell, ways=WAYS)
-        except ValueError as exc:
-            print(f"{' '.join(map(str, cell))}: not timed ({exc})", flush=True)
-            continue
-        same, us, block = run_cell(cupy, kb, stream, args, launches, buffers, nread, nwritten,
-                                   "stg", ("stq",))
-        pct = lambda t: 100 * (nread + nwritten) / t / 1e3 / rate  # noqa: E731
         words = D // 2 if np.dtype(dt).itemsize == 2 else D
         group = lanes_per_row(words)
         line = f"{dt:>8} N={n} B={B:>4} {H:>3}x{D:<3} w{block[1]} g{group:<2} " \

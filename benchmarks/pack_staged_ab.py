@@ -144,21 +144,33 @@ def run_cell(cupy, kb, stream, args, launches, buffers, nread, nwritten, base, o
     return same, us, block
 
 
+def timed_cells(cupy, kb, stream, args, rng, rate, cells, base, others, ways=WAYS,
+                floors="stg"):
+    """For each of ``cells`` that :func:`cell_launches` can build with ``ways``, yield
+    ``(cell, launches, same, us, block, pct)`` from :func:`run_cell` (``base`` against
+    ``others``, the floors in ``floors``'s grid), where ``pct(us)`` is the cell's bytes
+    at ``us`` per call as a percentage of ``rate``; a cell none can build is named as
+    not timed and skipped. The caller asserts ``same`` once it has printed the line."""
+    for cell in cells:
+        try:
+            launches, buffers, (nread, nwritten) = cell_launches(cupy, rng, *cell, ways=ways)
+        except ValueError as exc:  # B past the grid's z: no pack by tokens
+            print(f"{' '.join(map(str, cell))}: not timed ({exc})", flush=True)
+            continue
+        same, us, block = run_cell(cupy, kb, stream, args, launches, buffers, nread, nwritten,
+                                   base, others, floors)
+        moved = nread + nwritten
+        yield cell, launches, same, us, block, lambda t, moved=moved: 100 * moved / t / 1e3 / rate
+
+
 def main():
     args, cells, cupy, kb, rng, stream, rate = setup(__doc__, "pack_staged_ab")
     print(f"{'cell':>30} {'empty':>6} {'quads':>6} {'words':>6} | " + " | ".join(
         f"{m:>6}: {'lib':>6} {'tok':>6} {'stg':>6} {'stg/tok':>7} {'tok%':>5} {'stg%':>5}"
         for m in MODES))
     ratios = {m: [] for m in MODES}
-    for cell in cells:
-        try:
-            launches, buffers, (nread, nwritten) = cell_launches(cupy, rng, *cell)
-        except ValueError as exc:  # B past the grid's z: no pack by tokens
-            print(f"{' '.join(map(str, cell))}: not timed ({exc})", flush=True)
-            continue
-        same, us, block = run_cell(cupy, kb, stream, args, launches, buffers, nread, nwritten,
-                                   "lib", ("tok", "stg"))
-        pct = lambda t: 100 * (nread + nwritten) / t / 1e3 / rate  # noqa: E731
+    for cell, _, same, us, block, pct in timed_cells(cupy, kb, stream, args, rng, rate, cells,
+                                                      "lib", ("tok", "stg")):
         dt, n, B, H, D = cell
         line = f"{dt:>8} N={n} B={B:>4} {H:>3}x{D:<3} w{block[1]} " \
                f"{'same' if same else 'DIFFER':>6} {us['empty']:>6.2f} {us['quads']:>6.2f} " \
