@@ -71,6 +71,7 @@ def test_a2a_variants(monkeypatch):
     from cupy_dcp.kernels._pack_tokens import STAGED_TOKENS_LEAST, tokens_kernel
     from cupy_dcp.kernels.combine import combine_kernel
 
+    monkeypatch.setattr(_pack_tokens, "BLOCK_TOKENS", 1)  # (set below where it counts)
     # the pack with a mask and without one, and one combine: 16-bit data of an even D by
     # words and combined in pairs (the plan stages arrays that cannot be seen so), else by
     # values; rows of one step (bf16 and fp16 at D = 512: 256 words) also the pack a block
