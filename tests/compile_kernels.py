@@ -180,6 +180,14 @@ def kernels():
                                            True, True))
     add("pack uint32 group 8 by tokens staged quad loads signed lead",
         _pack_tokens.tokens_kernel(np.dtype(np.uint32), 8, True, True, True, True, True))
+    for together in (2, 4):  # ... several tokens a block, a warp each: as is, staged, and
+        for staged, quads in ((False, False), (True, False), (True, True)):  # reading quads
+            for masked, signed in ((True, False), (False, False), (True, True)):
+                add(f"pack uint32 group 8 by tokens {together} a block"
+                    f"{' staged' if staged else ''}{' quad loads' if quads else ''}"
+                    f"{'' if masked else ' unmasked'}{' signed' if signed else ''}",
+                    _pack_tokens.tokens_kernel(np.dtype(np.uint32), 8, masked, signed, False,
+                                               staged, quads, together))
     return found
 
 
