@@ -340,6 +340,17 @@ def test_many_shards_ab_launches_the_combine_for_any_n_and_for_its_n(monkeypatch
     assert np.isfinite(got["any"][1].view(np.float32)[1]).all()
 
 
+def _assert_ways_wrote_alike(modes, buffers, base, others):
+    """In each of ``modes``, ``base`` wrote something and each of ``others`` wrote the
+    same buffers and call numbers (``buffers``: ``{"way_mode": arrays}``, as the pack
+    A/Bs' ``cell_launches`` gives them)."""
+    for mode in modes:
+        assert buffers[f"{base}_{mode}"][0].any()
+        for way in others:
+            for mine, theirs in zip(buffers[f"{base}_{mode}"], buffers[f"{way}_{mode}"]):
+                np.testing.assert_array_equal(mine, theirs)
+
+
 @pytest.mark.parametrize("dtype, n, B, H, D", [("bfloat16", 2, 3, 72, 32), ("float32", 4, 2, 8, 7)])
 def test_pack_staged_ab_launches_three_packs_with_the_same_bits(monkeypatch, dtype, n, B, H, D):
     """``benchmarks/pack_staged_ab.py``: ``pack``'s kernels, the pack by tokens and its
@@ -363,11 +374,7 @@ def test_pack_staged_ab_launches_three_packs_with_the_same_bits(monkeypatch, dty
                                                    (False, True, True), (False, True, False)))
         assert staged == key.startswith("stg"), key
         kernel(grid, block, 0, args)
-    for mode in pack_staged_ab.MODES:
-        assert buffers[f"lib_{mode}"][0].any()
-        for way in ("tok", "stg"):
-            for mine, theirs in zip(buffers[f"lib_{mode}"], buffers[f"{way}_{mode}"]):
-                np.testing.assert_array_equal(mine, theirs)
+    _assert_ways_wrote_alike(pack_staged_ab.MODES, buffers, "lib", ("tok", "stg"))
 
 
 @pytest.mark.parametrize("dtype, n, B, H, D", [("bfloat16", 8, 4, 32, 16), ("float32", 4, 8, 8, 9)])
@@ -398,8 +405,4 @@ def test_pack_block_tokens_ab_launches_packs_of_one_two_and_four_tokens_a_block(
         if together > 1:
             assert block == (32, together) and grid == (1, n, B // together), key
         kernel(grid, block, 0, args)
-    for mode in pack_staged_ab.MODES:
-        assert buffers[f"one_{mode}"][0].any()
-        for way in ("t2", "t4"):
-            for mine, theirs in zip(buffers[f"one_{mode}"], buffers[f"{way}_{mode}"]):
-                np.testing.assert_array_equal(mine, theirs)
+    _assert_ways_wrote_alike(pack_staged_ab.MODES, buffers, "one", ("t2", "t4"))
