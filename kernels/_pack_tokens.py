@@ -88,8 +88,12 @@ QUADS = UNROLL // QUAD  # the quads a lane of the staged twin loads, where it lo
 QUAD_LOADS_GROUP_MOST = 16
 # Where a token's rows fit one warp, a pack by tokens of at least BLOCK_TOKENS_LEAST
 # tokens takes BLOCK_TOKENS of them a block, a warp each (1: a block row a token), so that
-# its blocks are fewer and, from STAGED_WARPS_LEAST warps, staged.
-BLOCK_TOKENS = 1
+# its blocks are fewer and, from STAGED_WARPS_LEAST warps, staged. On an H100, at N = 8
+# and B of 256, 512 and 2048, 4 tokens a block took 0.90x, 0.77x and 0.75x the time of
+# one (geometric means over 7 cells, plain pack; 0.90x, 0.78x, 0.71x masked), and 2 took
+# 0.91x, 0.80x, 0.79x; the same bits (``benchmarks/pack_block_tokens_ab.py``;
+# ``benchmarks/NOTES.md``, 2026-12-07, third).
+BLOCK_TOKENS = 4
 BLOCK_TOKENS_LEAST = STAGED_TOKENS_LEAST
 
 
