@@ -186,6 +186,8 @@ def test_pack_staged_where_the_rule_allows(monkeypatch):
     from cupy_dcp.kernels.pack import pack_launch
 
     least = _pack_tokens.STAGED_TOKENS_LEAST
+    # a token a block row, the rule here (several tokens a block: the test above)
+    monkeypatch.setattr(_pack_tokens, "BLOCK_TOKENS", 1)
 
     def staged(b, h, d, dtype=np.float32, shift=0, x_shift=0, quads=None, **kwargs):
         """``(staged, block's warps, grid's z)``; ``quads``: whether the staged pack
