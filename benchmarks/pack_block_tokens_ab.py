@@ -30,8 +30,6 @@ percentage of the 16-byte vector copy's rate (issue 27's 85 %), then the geometr
 mean of the ratios by batch and mode.
 """
 
-import numpy as np
-
 from one_test_ab import geometric_mean  # run as a script: benchmarks/ on the path
 from pack_staged_ab import MODES, setup, timed_cells
 
@@ -49,7 +47,7 @@ def cells_of(batches):
 
 
 def main():
-    from cupy_dcp.kernels._pack_tokens import tokens_kernel
+    from cupy_dcp.kernels._pack_tokens import variant_of
 
     args, cells, cupy, kb, rng, stream, rate = setup(
         __doc__, "pack_block_tokens_ab", cells_of, "one")
@@ -61,10 +59,8 @@ def main():
                                                          cells, "one", ("t2", "t4"), WAYS,
                                                          floors="one"):
         dt, n, B, H, D = cell
-        staged = {way: "s" if any(launches[f"{way}_plain"][0] is tokens_kernel(
-            np.dtype(np.uint32), g, False, False, False, True, q, t)
-            for g in (4, 8, 16, 32) for q in (False, True) for t in (1, 2, 4)) else "-"
-            for way in WAYS}
+        staged = {way: "s" if getattr(variant_of(launches[f"{way}_plain"][0]), "staged",
+                                      False) else "-" for way in WAYS}
         grids = " ".join(f"{way}{launches[f'{way}_plain'][1]}{staged[way]}".replace(" ", "")
                          for way in WAYS)
         line = f"{dt:>8} N={n} B={B:>4} {H:>3}x{D:<3} {'same' if same else 'DIFFER':>6} " \

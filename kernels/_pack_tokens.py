@@ -42,6 +42,7 @@ staged form gathers and writes them as one (:func:`tokens_a_block` says where).
 """
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 from numba import config, cuda
@@ -58,9 +59,9 @@ from ._vector import QUAD, vector_functions
 
 __all__ = ["BLOCK_TOKENS", "BLOCK_TOKENS_LEAST", "LEAD_MOST_BLOCKS", "QUAD_LOADS_GROUP_MOST",
            "STAGED_TOKENS_LEAST", "STAGED_WARPS_LEAST", "STAGE_WORDS", "TOKEN_BLOCKS_MOST",
-           "TOKEN_BYTES_MOST", "by_tokens", "can_load_quads", "can_stage", "fits_a_warp",
-           "loads_quads", "may_load_quads", "signs_ahead", "stages", "token_block_grid",
-           "tokens_a_block", "tokens_kernel"]
+           "TOKEN_BYTES_MOST", "TokensVariant", "by_tokens", "can_load_quads", "can_stage",
+           "fits_a_warp", "loads_quads", "may_load_quads", "signs_ahead", "stages",
+           "token_block_grid", "tokens_a_block", "tokens_kernel", "variant_of"]
 
 # This kernel takes at most TOKEN_BLOCKS_MOST tokens, or more where the input holds at
 # most TOKEN_BYTES_MOST bytes: beyond both, ``pack``'s kernels were as fast or faster in
@@ -545,5 +546,27 @@ def _specialized(bits, group, masked, signed, lead, staged, quad_loads, block_to
     index = array_type(np.int64, 1, True)
     argtypes = (flat, array_type(np.uint32, 2, False), index, index, i64, flat, flat, i64,
                 i64, i64, i64, i64, i64, i64) + ((index, index) if signed else ())
-    return SpecializedKernel(_tokens_kernel(group, bits.itemsize == 2, masked, signed, lead,
-                                            staged, quad_loads, block_tokens), argtypes)
+    kernel = SpecializedKernel(_tokens_kernel(group, bits.itemsize == 2, masked, signed, lead,
+                                              staged, quad_loads, block_tokens), argtypes)
+    kernel.tokens_variant = TokensVariant(bits, group, masked, signed, lead, staged, quad_loads,
+                                          block_tokens)
+    return kernel
+
+
+class TokensVariant(NamedTuple):
+    """Which kernel of :func:`tokens_kernel` a kernel is: that function's arguments, by
+    name (``bits`` a NumPy dtype)."""
+    bits: np.dtype
+    group: int
+    masked: bool
+    signed: bool
+    lead: bool
+    staged: bool
+    quad_loads: bool
+    block_tokens: int
+
+
+def variant_of(kernel):
+    """The :class:`TokensVariant` of ``kernel`` (as ``pack.pack_launch`` returns it), or
+    ``None`` where it is not a pack by tokens (one of ``pack``'s kernels)."""
+    return getattr(kernel, "tokens_variant", None)

@@ -567,7 +567,8 @@ def pack_launch(data, lse_bits, seq_lens, query_start_loc, num_seqs, send, recv,
     does). Where a token's rows fit one warp, a pack by tokens takes several tokens a
     block as ``_pack_tokens.tokens_a_block`` says; ``block_tokens`` overrides that
     (more than 1 requires a pack by tokens whose rows fit a warp, of a multiple of
-    ``block_tokens`` tokens).
+    ``block_tokens`` tokens). ``_pack_tokens.variant_of(kernel)`` names the pack by
+    tokens picked (tokens a block, staged, quad loads), ``None`` for ``pack``'s kernels.
     """
     send.require_c_contiguous("send")
     recv.require_c_contiguous("recv")

@@ -131,16 +131,14 @@ def test_pack_of_tokens_a_block_where_the_rule_allows(monkeypatch):
             kernel_array(x, bits), kernel_array(np.zeros((b, h), np.float32), np.uint32),
             dummy_index(), dummy_index(), -1, kernel_array(send, bits),
             kernel_array(send, bits), -1, sign, **kwargs)
+        variant = _pack_tokens.variant_of(kernel)
+        if variant is None:  # one of pack's kernels
+            return 0, False, grid, block
         moved = np.dtype(np.uint32 if dtype == np.float32 or d % 2 == 0 else np.uint16)
-        group = lanes_per_row(d if dtype == np.float32 or d % 2 else d // 2)
-        found = [(t, st) for t in (1, 2, 4) for st, q in ((False, False), (True, False),
-                                                          (True, True))
-                 for m in (False, True) for sg, ld in ((False, False), (True, False),
-                                                        (True, True))
-                 if not (ld and t > 1) and (moved.itemsize == 4 or not st) and
-                 kernel is _pack_tokens.tokens_kernel(moved, group, m, sg, ld, st, q, t)]
-        assert len(found) <= 1
-        return (found[0] if found else (0, False)) + (grid, block)
+        assert variant.bits == moved
+        assert variant.group == lanes_per_row(d if dtype == np.float32 or d % 2 else d // 2)
+        assert kernel is _pack_tokens.tokens_kernel(*variant)  # the very kernel it names
+        return variant.block_tokens, variant.staged, grid, block
 
     least = _pack_tokens.BLOCK_TOKENS_LEAST
     assert least >= _pack_tokens.STAGED_TOKENS_LEAST  # (staged whenever it takes words)
@@ -201,11 +199,14 @@ def test_pack_staged_where_the_rule_allows(monkeypatch):
             kernel_array(x, bits), kernel_array(np.zeros((b, h), np.float32), np.uint32),
             dummy_index(), dummy_index(), -1, kernel_array(send, bits),
             kernel_array(send, bits), -1, **kwargs)
-        group = lanes_per_row(d if dtype == np.float32 else d // 2)  # of the rows' words
-        ways = (False, True) if quads is None else (quads,)
-        return any(kernel is _pack_tokens.tokens_kernel(np.dtype(np.uint32), group, False,
-                                                        False, False, True, q)
-                   for q in ways), block[1], grid[2]
+        variant = _pack_tokens.variant_of(kernel)
+        picked = variant is not None and variant.staged and \
+            (quads is None or variant.quad_loads == quads)
+        if picked:
+            assert variant.group == lanes_per_row(d if dtype == np.float32 else d // 2)
+            assert (variant.bits, variant.block_tokens) == (np.dtype(np.uint32), 1)
+            assert kernel is _pack_tokens.tokens_kernel(*variant)
+        return picked, block[1], grid[2]
 
     # 32 heads of 32 float32 (4 lanes a row): 16 rows a rank, in blocks of 2 warps
     assert staged(least, 32, 32) == (True, 2, least)
