@@ -12,6 +12,9 @@ For each cell (dtype, N, B <= 32, H, D) that the library runs a block a row
   loaded LSE (no max, no exponential, no sum, no reciprocal): the chain of
   loads, a dependent step and stores without the math, a floor for any kernel
   of this layout that weighs rows by their LSEs;
+- ``fast``: the library's kernel with its weights' math compiled with ``fastmath``
+  (``exact_cost``'s ``fast``: vLLM's precision, not the library's bound): what the
+  exact math's latency costs;
 - ``no_lse``: ``lib`` without an output LSE;
 - ``inline``: ``lib``'s kernel with its output LSE written by thread 0 after its
   stores (``write_lse`` 1), not by a warp of its own (2, the library's choice up to
@@ -38,14 +41,14 @@ CELLS = [(dt, n, B, H, D) for dt in ("bfloat16", "float16", "float32") for n in 
 
 
 @contextlib.contextmanager
-def _bare_weights():
-    """Blocks kernels built, uncached, with one FFMA a LSE for the weights
-    (``exact_cost``'s ``bare`` weights)."""
+def _twin_weights(variant):
+    """Blocks kernels built, uncached, with ``exact_cost``'s ``variant`` weights (``bare``:
+    one FFMA a LSE; ``fast``: the weights' math at vLLM's precision)."""
     from cupy_dcp.kernels import _blocks
 
-    bare_weights = _weights("bare")
+    twin_weights = _weights(variant)
     saved = _blocks.held_weights
-    _blocks.held_weights = lambda: bare_weights
+    _blocks.held_weights = lambda: twin_weights
     try:
         yield _blocks._row_combiner.__wrapped__
     finally:
@@ -73,7 +76,7 @@ def _launches(cupy, cell, rng):
               for _ in range(n)]
     recv = cupy.asarray(np.stack(shards).view(bits))
     outs = {k: (cupy.zeros((B, hn, D), dtype=bits), cupy.zeros((B, hn), np.float32))
-            for k in ("lib", "bare", "no_lse", "inline")}
+            for k in ("lib", "bare", "fast", "no_lse", "inline")}
     value = combine.combine_codec(dtype)[1]
 
     def launch(key, with_lse=True):
@@ -86,16 +89,17 @@ def _launches(cupy, cell, rng):
     codec = "float32" if dtype.itemsize == 4 else combine.combine_codec(dtype, True)[0]
     el = D // 2 if dtype.itemsize == 2 else D
     threads, per = combine.block_threads(el), combine.block_values(el)
-    with _bare_weights() as row_combiner:
-        row = row_combiner(codec, n, per, threads, False)
-        saved = _blocks._row_combiner
-        _blocks._row_combiner = lambda *a: row
-        try:
-            bare = _blocks.blocks_kernel.__wrapped__(codec, n, per, False, threads)
-        finally:
-            _blocks._row_combiner = saved
-    launches["bare"] = (SpecializedKernel(bare, kernel.argtypes), grid, block,
-                        launch("bare")[3])
+    for variant in ("bare", "fast"):
+        with _twin_weights(variant) as row_combiner:
+            row = row_combiner(codec, n, per, threads, False)
+            saved = _blocks._row_combiner
+            _blocks._row_combiner = lambda *a: row
+            try:
+                twin = _blocks.blocks_kernel.__wrapped__(codec, n, per, False, threads)
+            finally:
+                _blocks._row_combiner = saved
+        launches[variant] = (SpecializedKernel(twin, kernel.argtypes), grid, block,
+                             launch(variant)[3])
     inline = launch("inline")[3]
     launches["inline"] = (kernel, grid, (threads, 1), inline[:4] + (1,) + tuple(inline[5:]))
     return launches, (recv, outs)
@@ -113,8 +117,9 @@ def main():
     print(f"graph of {args.calls} calls, median of {args.reps} replays, median of "
           f"{args.rounds} rounds; us per call; empty and copy in the combine's grid",
           flush=True)
-    print(f"{'cell':<28} {'empty':>6} {'copy':>6} {'bare':>6} {'no_lse':>6} {'inline':>6} "
-          f"{'lib':>6}  lib/inline  over empty: copy  bare inline  lib", flush=True)
+    print(f"{'cell':<28} {'empty':>6} {'copy':>6} {'bare':>6} {'fast':>6} {'no_lse':>6} "
+          f"{'inline':>6} {'lib':>6}  lib/inline  over empty: copy  bare  fast inline  lib",
+          flush=True)
     with stream:
         for cell in cells:
             made = _launches(cupy, cell, rng)
@@ -135,9 +140,10 @@ def main():
             label = f"{dtype_name} N={n} B={B} {H}x{D}"
             e = us["empty"]
             print(f"{label:<28} {e:6.2f} {us['copy']:6.2f} {us['bare']:6.2f} "
-                  f"{us['no_lse']:6.2f} {us['inline']:6.2f} {us['lib']:6.2f}  "
-                  f"{us['lib'] / us['inline']:10.3f}  {us['copy'] - e:15.2f} "
-                  f"{us['bare'] - e:5.2f} {us['inline'] - e:6.2f} {us['lib'] - e:5.2f}"
+                  f"{us['fast']:6.2f} {us['no_lse']:6.2f} {us['inline']:6.2f} "
+                  f"{us['lib']:6.2f}  {us['lib'] / us['inline']:10.3f}  "
+                  f"{us['copy'] - e:15.2f} {us['bare'] - e:5.2f} {us['fast'] - e:5.2f} "
+                  f"{us['inline'] - e:6.2f} {us['lib'] - e:5.2f}"
                   f"{'' if same else '  DIFFERENT BITS'}", flush=True)
             assert same, cell
 
