@@ -15,6 +15,8 @@ For each cell (dtype, N, B <= 32, H, D) that the library runs a block a row
 - ``fast``: the library's kernel with its weights' math compiled with ``fastmath``
   (``exact_cost``'s ``fast``: vLLM's precision, not the library's bound): what the
   exact math's latency costs;
+- ``fast_lse``: the library's kernel with its output LSE's logarithm compiled with
+  ``fastmath`` (its weights exact): what the LSE warp's logarithm costs;
 - ``no_lse``: ``lib`` without an output LSE;
 - ``inline``: ``lib``'s kernel with its output LSE written by thread 0 after its
   stores (``write_lse`` 1), not by a warp of its own (2, the library's choice up to
@@ -40,19 +42,31 @@ CELLS = [(dt, n, B, H, D) for dt in ("bfloat16", "float16", "float32") for n in 
          for H, D in ((32, 128), (64, 128), (128, 512)) for B in (1, 8, 32)]
 
 
-@contextlib.contextmanager
-def _twin_weights(variant):
-    """Blocks kernels built, uncached, with ``exact_cost``'s ``variant`` weights (``bare``:
-    one FFMA a LSE; ``fast``: the weights' math at vLLM's precision)."""
-    from cupy_dcp.kernels import _blocks
+TWINS = ("bare", "fast", "fast_lse")
 
-    twin_weights = _weights(variant)
-    saved = _blocks.held_weights
-    _blocks.held_weights = lambda: twin_weights
+
+@contextlib.contextmanager
+def _twin(variant):
+    """Blocks kernels built, uncached, as the twin ``variant``: ``bare`` and ``fast`` take
+    ``exact_cost``'s weights of that name (one FFMA a LSE; the weights' math at vLLM's
+    precision); ``fast_lse`` keeps the exact weights and takes the output LSE's
+    logarithm at vLLM's precision."""
+    from numba import cuda
+
+    from cupy_dcp.kernels import _blocks, _math
+
+    saved = _blocks.held_weights, _blocks.device_functions
+    if variant == "fast_lse":
+        fast = _math.build_math(np.float32, cuda.jit(device=True, fastmath=True))
+        functions = {**saved[1](), "global_lse": fast.global_lse}
+        _blocks.device_functions = lambda: functions
+    else:
+        weights = _weights(variant)
+        _blocks.held_weights = lambda: weights
     try:
         yield _blocks._row_combiner.__wrapped__
     finally:
-        _blocks.held_weights = saved
+        _blocks.held_weights, _blocks.device_functions = saved
 
 
 def _launches(cupy, cell, rng):
@@ -76,7 +90,7 @@ def _launches(cupy, cell, rng):
               for _ in range(n)]
     recv = cupy.asarray(np.stack(shards).view(bits))
     outs = {k: (cupy.zeros((B, hn, D), dtype=bits), cupy.zeros((B, hn), np.float32))
-            for k in ("lib", "bare", "fast", "no_lse", "inline")}
+            for k in ("lib", "no_lse", "inline") + TWINS}
     value = combine.combine_codec(dtype)[1]
 
     def launch(key, with_lse=True):
@@ -89,8 +103,8 @@ def _launches(cupy, cell, rng):
     codec = "float32" if dtype.itemsize == 4 else combine.combine_codec(dtype, True)[0]
     el = D // 2 if dtype.itemsize == 2 else D
     threads, per = combine.block_threads(el), combine.block_values(el)
-    for variant in ("bare", "fast"):
-        with _twin_weights(variant) as row_combiner:
+    for variant in TWINS:
+        with _twin(variant) as row_combiner:
             row = row_combiner(codec, n, per, threads, False)
             saved = _blocks._row_combiner
             _blocks._row_combiner = lambda *a: row
@@ -117,9 +131,9 @@ def main():
     print(f"graph of {args.calls} calls, median of {args.reps} replays, median of "
           f"{args.rounds} rounds; us per call; empty and copy in the combine's grid",
           flush=True)
-    print(f"{'cell':<28} {'empty':>6} {'copy':>6} {'bare':>6} {'fast':>6} {'no_lse':>6} "
-          f"{'inline':>6} {'lib':>6}  lib/inline  over empty: copy  bare  fast inline  lib",
-          flush=True)
+    print(f"{'cell':<28} {'empty':>6} {'copy':>6} {'bare':>6} {'fast':>6} {'f_lse':>6} "
+          f"{'no_lse':>6} {'inline':>6} {'lib':>6}  lib/inline  over empty: copy  bare  fast "
+          f"f_lse inline  lib", flush=True)
     with stream:
         for cell in cells:
             made = _launches(cupy, cell, rng)
@@ -140,10 +154,10 @@ def main():
             label = f"{dtype_name} N={n} B={B} {H}x{D}"
             e = us["empty"]
             print(f"{label:<28} {e:6.2f} {us['copy']:6.2f} {us['bare']:6.2f} "
-                  f"{us['fast']:6.2f} {us['no_lse']:6.2f} {us['inline']:6.2f} "
-                  f"{us['lib']:6.2f}  {us['lib'] / us['inline']:10.3f}  "
+                  f"{us['fast']:6.2f} {us['fast_lse']:6.2f} {us['no_lse']:6.2f} "
+                  f"{us['inline']:6.2f} {us['lib']:6.2f}  {us['lib'] / us['inline']:10.3f}  "
                   f"{us['copy'] - e:15.2f} {us['bare'] - e:5.2f} {us['fast'] - e:5.2f} "
-                  f"{us['inline'] - e:6.2f} {us['lib'] - e:5.2f}"
+                  f"{us['fast_lse'] - e:5.2f} {us['inline'] - e:6.2f} {us['lib'] - e:5.2f}"
                   f"{'' if same else '  DIFFERENT BITS'}", flush=True)
             assert same, cell
 
