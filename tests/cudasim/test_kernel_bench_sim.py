@@ -90,7 +90,9 @@ def test_combine_lean_launches_the_library_its_in_line_twin_and_its_floors(monke
     """``benchmarks/combine_lean.py``: the library's block a row (its output LSE from a
     warp of its own) and the same kernel with the LSE in line give the same bits, the
     reference's values and LSEs; ``no_lse`` writes no LSE; the bare twin weighs every
-    shard 1/2; the library's kernels are its own again afterwards."""
+    shard 1/2; the ``fast`` twin (weights at vLLM's precision) and the ``fast_lse`` twin
+    (its output LSE's logarithm so) give the reference's values and LSEs, ``fast_lse``
+    the library's very values; the library's kernels are its own again afterwards."""
     from pathlib import Path
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -98,13 +100,16 @@ def test_combine_lean_launches_the_library_its_in_line_twin_and_its_floors(monke
     from cupy_dcp import lse_weighted_combine
     from cupy_dcp.kernels import _blocks, combine
 
-    saved = (_blocks.held_weights, _blocks._row_combiner, _blocks.blocks_kernel)
+    def library():
+        return (_blocks.held_weights, _blocks._row_combiner, _blocks.blocks_kernel,
+                _blocks.device_functions)
+
+    saved = library()
     n, B, H, D = 2, 2, 4, 8
     made = combine_lean._launches(np, ("float32", n, B, H, D), np.random.default_rng(3))
-    assert made is not None and (_blocks.held_weights, _blocks._row_combiner,
-                                 _blocks.blocks_kernel) == saved
+    assert made is not None and library() == saved
     launches, (recv, outs) = made
-    assert set(launches) == {"lib", "no_lse", "inline", "bare"}
+    assert set(launches) == {"lib", "no_lse", "inline", "bare", "fast", "fast_lse"}
     assert launches["lib"][2] == (64, 1) and launches["inline"][2] == (32, 1)
     assert launches["lib"][3][4] == 2 and launches["inline"][3][4] == 1
     assert launches["no_lse"][3][4] == 0
@@ -113,13 +118,14 @@ def test_combine_lean_launches_the_library_its_in_line_twin_and_its_floors(monke
     xs = recv[..., :D].view(np.float32)
     ls = recv[..., D].view(np.float32)
     expect, expect_lse = lse_weighted_combine(xs, ls, return_lse=True)
-    for key in ("lib", "inline"):
+    for key in ("lib", "inline", "fast", "fast_lse"):
         out, lse = outs[key]
         np.testing.assert_allclose(out.view(np.float32), expect, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(lse, expect_lse, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(outs["lib"][0], outs["inline"][0])
     np.testing.assert_array_equal(outs["lib"][1].view(np.uint32),
                                   outs["inline"][1].view(np.uint32))
+    np.testing.assert_array_equal(outs["lib"][0], outs["fast_lse"][0])  # exact weights
     assert not outs["no_lse"][1].any()  # no LSE written
     np.testing.assert_allclose(outs["bare"][0].view(np.float32), 0.5 * xs.sum(axis=0),
                                rtol=1e-6, atol=1e-6)
