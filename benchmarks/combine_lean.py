@@ -32,11 +32,9 @@ block a row it replaced (``lib`` there: the output written through its 3-d view
 at 64-bit offsets), and checked their bits equal.
 """
 
-import contextlib
-
 import numpy as np
 
-from exact_cost import _weights, arguments, floor_launches
+from exact_cost import _weights, arguments, fast_math, floor_launches
 
 CELLS = [(dt, n, B, H, D) for dt in ("bfloat16", "float16", "float32") for n in (2, 4, 8)
          for H, D in ((32, 128), (64, 128), (128, 512)) for B in (1, 8, 32)]
@@ -45,34 +43,33 @@ CELLS = [(dt, n, B, H, D) for dt in ("bfloat16", "float16", "float32") for n in 
 TWINS = ("bare", "fast", "fast_lse")
 
 
-@contextlib.contextmanager
-def _twin(variant):
-    """Blocks kernels built, uncached, as the twin ``variant``: ``bare`` and ``fast`` take
-    ``exact_cost``'s weights of that name (one FFMA a LSE; the weights' math at vLLM's
-    precision); ``fast_lse`` keeps the exact weights and takes the output LSE's
-    logarithm at vLLM's precision."""
-    from numba import cuda
+def _twin_kernel(variant, codec, n, per, threads):
+    """The block a row's kernel (``_blocks.blocks_kernel``'s arguments), built uncached as
+    the twin ``variant``: ``bare`` and ``fast`` take ``exact_cost``'s weights of that name
+    (one FFMA a LSE; the weights' math at vLLM's precision); ``fast_lse`` keeps the exact
+    weights and takes the output LSE's logarithm at vLLM's precision. The library's
+    functions are its own again afterwards."""
+    from cupy_dcp.kernels import _blocks
 
-    from cupy_dcp.kernels import _blocks, _math
-
-    saved = _blocks.held_weights, _blocks.device_functions
+    saved = _blocks.held_weights, _blocks.device_functions, _blocks._row_combiner
     if variant == "fast_lse":
-        fast = _math.build_math(np.float32, cuda.jit(device=True, fastmath=True))
-        functions = {**saved[1](), "global_lse": fast.global_lse}
+        functions = {**saved[1](), "global_lse": fast_math().global_lse}
         _blocks.device_functions = lambda: functions
     else:
         weights = _weights(variant)
         _blocks.held_weights = lambda: weights
     try:
-        yield _blocks._row_combiner.__wrapped__
+        row = saved[2].__wrapped__(codec, n, per, threads, False)
+        _blocks._row_combiner = lambda *a: row
+        return _blocks.blocks_kernel.__wrapped__(codec, n, per, False, threads)
     finally:
-        _blocks.held_weights, _blocks.device_functions = saved
+        _blocks.held_weights, _blocks.device_functions, _blocks._row_combiner = saved
 
 
 def _launches(cupy, cell, rng):
     """``({variant: (kernel, grid, block, args)}, (recv, outs))`` of ``cell``, or ``None``
     where the library does not run it a block a row."""
-    from cupy_dcp.kernels import _blocks, combine
+    from cupy_dcp.kernels import combine
     from cupy_dcp.kernels._arrays import kernel_array
     from cupy_dcp.kernels._launch import SpecializedKernel
     from cupy_dcp.layout import as_dtype, bits_dtype
@@ -104,14 +101,7 @@ def _launches(cupy, cell, rng):
     el = D // 2 if dtype.itemsize == 2 else D
     threads, per = combine.block_threads(el), combine.block_values(el)
     for variant in TWINS:
-        with _twin(variant) as row_combiner:
-            row = row_combiner(codec, n, per, threads, False)
-            saved = _blocks._row_combiner
-            _blocks._row_combiner = lambda *a: row
-            try:
-                twin = _blocks.blocks_kernel.__wrapped__(codec, n, per, False, threads)
-            finally:
-                _blocks._row_combiner = saved
+        twin = _twin_kernel(variant, codec, n, per, threads)
         launches[variant] = (SpecializedKernel(twin, kernel.argtypes), grid, block,
                              launch(variant)[3])
     inline = launch("inline")[3]

@@ -47,6 +47,15 @@ CELLS = [
 VARIANTS = ("exact", "fast", "bare")
 
 
+def fast_math():
+    """``_math.build_math``'s row math compiled with ``fastmath``: vLLM's precision."""
+    from numba import cuda
+
+    from cupy_dcp.kernels import _math
+
+    return _math.build_math(np.float32, cuda.jit(device=True, fastmath=True))
+
+
 def _weights(variant):
     """The ``held_weights`` device function of ``variant`` (``_math.build_held_weights``'s
     signature); ``None`` for the library's own."""
@@ -57,7 +66,7 @@ def _weights(variant):
     if variant == "exact":
         return None
     if variant == "fast":
-        fast = _math.build_math(np.float32, cuda.jit(device=True, fastmath=True))
+        fast = fast_math()
         funcs = SimpleNamespace(**{**_device.device_functions(), "lse_exp": fast.lse_exp,
                                    "inverse_total": fast.inverse_total})
         return _math.build_held_weights(funcs, cuda.jit(device=True, inline="always",
