@@ -13,12 +13,13 @@ keeps both buffers below 2**32 elements: ``combine.combine_launch``). Thread
 ``t`` owns the row's values ``t, t + threads, ...`` (``per`` of them); it loads
 every shard's values and LSE before it weighs any (``held_weights``, each weight
 computed once), skips a zero-weight shard (its NaN or inf never reaches the
-sum) and stores once. The global LSE (``write_lse``: 0 none) comes from thread 0
-after its stores (1), or (2) from one more warp of the block, threads ``threads``
-on, whose first thread loads the row's LSEs and nothing else, weighs them and
-writes it: the logarithm then runs beside the rows' stores, not after the first
-warp's (what each costs: ``benchmarks/NOTES.md``). The same sums in the same order
-as ``_slices`` and the combine for any N, so the same bits.
+sum) and stores once. The global LSE (``write_lse`` nonzero) comes from one more
+block a token, the last along x (``h = H/N``): its thread ``t`` loads the LSEs of
+the token's rows ``t, t + threads, ...`` and nothing else, weighs them and writes
+their global LSEs, beside the rows' blocks and off their path (a warp more in each
+row's block, or thread 0 after its stores, cost more: ``benchmarks/NOTES.md``).
+The same sums in the same order as ``_slices`` and the combine for any N, so the
+same bits.
 
 A plan's buffer carries a trailer (``_trailer``): the ``signed`` twin also
 takes the buffer's 4-d bits view and the plan's ``(status, state)`` and runs on
@@ -76,12 +77,16 @@ def _row_combiner(codec, shards, per, threads, lead=False):
         lses = cuda.local.array(shards, np.float32)
         weights = cuda.local.array(shards, np.float32)
         acc = cuda.local.array(accumulators, np.float32)
-        if t >= threads:  # the LSE warp (write_lse 2): its first thread
-            if write_lse == 2 and t == threads:
-                for r in range(shards):
-                    lses[r] = read_lse(flat_vals, flat_bits, lse_at(row, r, chunk, width))
-                m, total = weigh(lses, weights, shards, base_e)
-                out_lse[b, h] = global_lse(total, m, base_e)
+        if h >= u32(heads):  # the token's LSE block: thread t weighs rows t, t + threads, ...
+            if write_lse:
+                j = t
+                while j < u32(heads):
+                    at = u32(u32(u32(b * u32(heads)) + j) * u32(width))
+                    for r in range(shards):
+                        lses[r] = read_lse(flat_vals, flat_bits, lse_at(at, r, chunk, width))
+                    m, total = weigh(lses, weights, shards, base_e)
+                    out_lse[b, j] = global_lse(total, m, base_e)
+                    j = u32(j + threads)
             return
         for r in range(shards):  # every shard's values and LSE load first
             at = u32(row + u32(u32(r) * u32(chunk)))
@@ -91,14 +96,12 @@ def _row_combiner(codec, shards, per, threads, lead=False):
                     buf[r * per + k] = flat_vals[u32(at + e)]
         for r in range(shards):
             lses[r] = read_lse(flat_vals, flat_bits, lse_at(row, r, chunk, width))
-        m, total = sum_shards(buf, lses, weights, acc, base_e)
+        sum_shards(buf, lses, weights, acc, base_e)
         dst = u32(u32(b * u32(o0)) + u32(h * u32(o1)))
         for k in range(per):
             e = u32(t + u32(u32(k) * threads))
             if e < d:
                 out[u32(dst + e)] = encode(acc[k], acc[per + k])
-        if write_lse == 1 and t == u32(0):  # in line, after the stores
-            out_lse[b, h] = global_lse(total, m, base_e)
 
     return combine_row
 
@@ -110,15 +113,15 @@ def blocks_kernel(codec, shards, per, signed=False, threads=BLOCK_THREADS):
     and rows of at most ``per * threads`` values (words in pairs): flat (1-D, C) views
     of the received buffer ``[N, B', H/N, width]`` as the codec's values and as bits,
     the output ``[B, H/N, D]``'s flat view (``DeviceArray.span``), the output LSE
-    ``[B, H/N]`` (``write_lse``: 0 none, 1 by thread 0, 2 by the LSE warp: see the
-    module docstring), the LSE base flag, ``H/N``, ``width``,
+    ``[B, H/N]`` (written where ``write_lse`` is nonzero, by the blocks ``x = H/N``:
+    see the module docstring), the LSE base flag, ``H/N``, ``width``,
     one rank's chunk ``B' * H/N * width``, ``D`` and the output's token and head
     strides, in elements; every flat offset of both buffers below 2**32.
     ``signed``: the kernel takes ``(bits, status, state)`` after them (the buffer's
     4-d bits view and a plan's status and state, as ``combine.combine_launch``
-    documents) and checks the trailer. Launched on ``(H/N, B)`` blocks (``(H/N + 1,
-    B)`` where ``signed``) of ``threads`` threads (a multiple of 32, at most
-    :data:`BLOCK_THREADS`), and 32 more where ``write_lse`` is 2."""
+    documents) and checks the trailer. Launched on ``(H/N, B)`` blocks, one more along
+    x where ``signed`` (the first) and one more where ``write_lse`` (the last), of
+    ``threads`` threads (a multiple of 32, at most :data:`BLOCK_THREADS`)."""
     combine_row = _row_combiner(codec, shards, per, threads, signed)
     if not signed:
         @cuda.jit
@@ -137,8 +140,9 @@ def blocks_kernel(codec, shards, per, signed=False, threads=BLOCK_THREADS):
     @cuda.jit
     def signed_combine(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
                        chunk, d_count, o0, o1, bits, status, state):
-        # The grid's x is H/N + 1: blocks x = h + 1 combine head h, and the first token's
-        # block x = 0 (dispatched first) checks the trailer meanwhile, off the rows' path
+        # The grid's x is H/N + 1 (+ 1 with the LSE block): blocks x = h + 1 combine head
+        # h, and the first token's block x = 0 (dispatched first) checks the trailer
+        # meanwhile, off the rows' path
         if cuda.blockIdx.x != 0:
             combine_row(flat_vals, flat_bits, out, out_lse, write_lse, base_e, heads, width,
                         chunk, d_count, o0, o1)

@@ -43,8 +43,8 @@ from ._specs import check_combine_args
 from ._trailer import WORDS, combine_checks
 
 __all__ = ["BLOCK_LOADS", "BLOCK_ROWS", "FEW_WARPS", "FULL_BLOCK", "LANE_LOADS", "MANY_WARPS",
-           "LSE_WARP_ROWS", "MAX_STATIC_SHARDS", "NARROW",
-           "SLICED_UNROLL", "SPREAD_FROM", "SPREAD_WARPS", "STREAM_LOADS", "STREAM_UNROLL",
+           "MAX_STATIC_SHARDS", "NARROW", "SLICED_UNROLL", "SPREAD_FROM", "SPREAD_WARPS",
+           "STREAM_LOADS", "STREAM_UNROLL",
            "block_threads", "block_values", "block_warps", "by_blocks", "capped",
            "codec_functions", "combine_codec", "combine_kernel", "combine_launch",
            "combine_unroll", "combine_variants", "lane_weights", "row_accumulator",
@@ -198,8 +198,6 @@ BLOCK_LOADS = 32  # the most values a thread of a block a row loads, over every 
 BLOCK_ROWS = 512  # up to this many rows a combine for its N runs a block a row,
 FULL_BLOCK = 4  # and beyond, where each thread moves at least this many values a shard
 NARROW = 2 ** 32  # a block a row runs where the buffer and output span fewer elements
-LSE_WARP_ROWS = 512  # up to this many rows, a block a row's output LSE comes from a warp
-                     # of its own (beyond, its 32 more threads a block cost a wave)
 
 
 def static_shards(n):
@@ -451,9 +449,9 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None
     allows, whose output has a flat view (``DeviceArray.span``: rows unit-stride)
     and whose buffers hold fewer than :data:`NARROW` elements (its offsets are 32-bit),
     runs a block of :func:`block_threads` threads a row, on grid ``(H/N, B, 1)``
-    (``(H/N + 1, B, 1)`` where ``signed``: the first block checks the trailer,
-    ``_blocks``), with one warp more that writes the output LSE where there is one
-    and at most :data:`LSE_WARP_ROWS` rows; the others run on ``_rows.tile_grid``.
+    with one block more along x where ``signed`` (the first: it checks the trailer)
+    and one more where there is an output LSE (the last: it writes the token's
+    LSEs; ``_blocks``); the others run on ``_rows.tile_grid``.
     """
     codec, value = combine_codec(dtype)
     recv_bits.require_c_contiguous("recv")
@@ -476,14 +474,13 @@ def combine_launch(dtype, recv_bits, out, out_lse, is_lse_base_on_e, signed=None
         threads = block_threads(out.shape[2])
         kernel = combine_kernel(dtype, codec in PAIRS, threads, shards,
                                 block_values(out.shape[2]), True, signed is not None)
-        lse_warp = write_lse and rows <= LSE_WARP_ROWS
-        args = (recv_vals.flat(), recv_bits.flat(), out_flat, out_lse,
-                2 if lse_warp else int(write_lse), int(bool(is_lse_base_on_e)), heads, width,
-                chunk_tokens * heads * width, out.shape[2], *out.element_strides())
+        args = (recv_vals.flat(), recv_bits.flat(), out_flat, out_lse, int(write_lse),
+                int(bool(is_lse_base_on_e)), heads, width, chunk_tokens * heads * width,
+                out.shape[2], *out.element_strides())
         if signed is not None:
             args += (recv_bits, status, state)
-        return kernel, (out.shape[1] + (signed is not None), out.shape[0], 1), \
-            (threads + WARP * lse_warp, 1), args
+        return kernel, (out.shape[1] + (signed is not None) + write_lse, out.shape[0], 1), \
+            (threads, 1), args
     group, unroll, slices = _combine_shape(out.shape[2], rows, shards)
     shards = shards if slices else 0
     warps = block_warps(_warps(out.shape[2], rows, unroll)) if slices else None

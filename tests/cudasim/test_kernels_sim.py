@@ -917,7 +917,8 @@ def test_combine_in_word_pairs_gives_the_bits_of_the_combine_by_value(dtype, n, 
             dtype, kernel_array(recv, bits), kernel_array(out, value),
             kernel_array(np.zeros((b, hn), np.float32), np.float32), True)
         assert (args[0].dtype == np.uint32) == (offset == 0)
-        assert (grid == (hn, b, 1)) == (blocks and n <= combine.MAX_STATIC_SHARDS)  # (H/N, B)
+        # (H/N + 1, B): a block a row, and one more a token for the output LSE
+        assert (grid == (hn + 1, b, 1)) == (blocks and n <= combine.MAX_STATIC_SHARDS)
         kernel(grid, block, 0, args)
         outs.append(out.view(bits).copy())
     np.testing.assert_array_equal(outs[0], outs[1])
@@ -933,10 +934,9 @@ def test_combine_a_block_a_row_gives_the_bits_of_the_sliced_combine(dtype, n, d,
     """The combine with a block a row (``_blocks``) gives the bits of the one that splits
     rows over warps (``_slices``), for rows of one value to several a thread (D = 300:
     3 values a thread, or 2 words, the last partial), NaN, +-inf, a NaN LSE and a
-    token empty everywhere included, with and without the output LSE, written by a
-    warp of its own (up to ``LSE_WARP_ROWS`` rows) and by thread 0; into a
-    C-contiguous output, a heads-major one and one of padded rows (the block a row
-    writes them through their flat view, at their strides), and one whose rows are
+    token empty everywhere included, its output LSE written by one more block a token;
+    into a C-contiguous output, a heads-major one and one of padded rows (the block a
+    row writes them through their flat view, at their strides), and one whose rows are
     not unit-stride (no flat view: the rows split)."""
     from cupy_dcp.kernels import combine
     from cupy_dcp.reference import pack_reference
@@ -950,19 +950,17 @@ def test_combine_a_block_a_row_gives_the_bits_of_the_sliced_combine(dtype, n, d,
     lse[1, 1] = np.inf  # +inf on every shard: as empty as -inf
     recv = np.stack([pack_reference(x.astype(dtype), lse + r, n)[0] for r in range(n)])
     outs = []
-    for blocks, layout, lse_warp in ((True, "rows", True), (True, "rows", False),
-                                     (False, "rows", True), (True, "heads_major", True),
-                                     (True, "padded", True), (True, "every_other", True)):
+    for blocks, layout in ((True, "rows"), (False, "rows"), (True, "heads_major"),
+                           (True, "padded"), (True, "every_other")):
         monkeypatch.setattr(combine, "by_blocks", lambda *shape, on=blocks: on)
-        monkeypatch.setattr(combine, "LSE_WARP_ROWS", b * hn if lse_warp else b * hn - 1)
         grid, block, args, got = _combine_bits(dtype, recv, layout)
         # an output with no flat view (rows not unit-stride) takes the rows split
         flat = layout != "every_other" or d == 1
-        assert (grid == (hn, b, 1)) == (blocks and flat), layout
-        if grid == (hn, b, 1):  # the fewest warps that give each value (word) a thread
-            elements = args[9]  # D, in the kernel's elements; the LSE from a warp of its own
-            assert block == (min(128, 32 * -(-elements // 32)) + 32 * lse_warp, 1)
-            assert args[4] == (2 if lse_warp else 1)
+        assert (grid == (hn + 1, b, 1)) == (blocks and flat), layout  # + the LSE blocks
+        if grid == (hn + 1, b, 1):  # the fewest warps that give each value (word) a thread
+            elements = args[9]  # D, in the kernel's elements
+            assert block == (min(128, 32 * -(-elements // 32)), 1)
+            assert args[4] == 1
             assert args[8] == b * hn * args[7]  # one rank's chunk, in the kernel's elements
             item = args[2].dtype.itemsize  # the output's token and head strides, in elements:
             pad = {"padded": 2 * np.dtype(dtype).itemsize // item,
@@ -978,6 +976,38 @@ def test_combine_a_block_a_row_gives_the_bits_of_the_sliced_combine(dtype, n, d,
     got_lse = outs[0][1].view(np.float32)
     assert np.isneginf(got_lse[2]).all()  # the token empty everywhere
     assert np.isneginf(got_lse[1, 1]) and np.isfinite(got_lse[1, 0])  # the +inf row: empty
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"], ids=str)
+def test_combine_lse_block_weighs_more_rows_than_it_has_threads(dtype, monkeypatch):
+    """The block a row's LSE block (one a token, ``_blocks``) weighs every row of its
+    token where the token has more rows than the block threads (70 heads, blocks of 32
+    threads): the bits of the combine that splits rows over warps, -inf for a row empty
+    everywhere and the reference's LSEs."""
+    from cupy_dcp import lse_weighted_combine
+    from cupy_dcp.kernels import combine
+    from cupy_dcp.reference import pack_reference
+
+    rng = np.random.default_rng(70)
+    n, b, hn, d = 2, 2, 70, 4
+    x = rng.standard_normal((b, n * hn, d)).astype(np.float32)
+    lse = rng.uniform(-20, 20, (b, n * hn)).astype(np.float32)
+    lse[1, 69], lse[1, hn + 69] = -np.inf, np.nan  # the last row: empty on both shards
+    recv = np.stack([pack_reference(x.astype(dtype), lse + r, n)[0] for r in range(n)])
+    outs = []
+    for blocks in (True, False):
+        monkeypatch.setattr(combine, "by_blocks", lambda *shape, on=blocks: on)
+        grid, block, _, got = _combine_bits(dtype, recv)
+        assert (grid == (hn + 1, b, 1)) == blocks and (block == (32, 1)) == blocks
+        outs.append(got)
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+    got_lse = outs[0][1].view(np.float32)
+    assert np.isneginf(got_lse[1, 69]) and np.isfinite(got_lse[:, :69]).all()
+    shard_lses = recv[..., d:].copy().view(np.float32)[..., 0]  # the LSE's bits, as packed
+    expect_lse = lse_weighted_combine(np.zeros((n, b, hn, 1), np.float32), shard_lses,
+                                      return_lse=True)[1]
+    np.testing.assert_allclose(got_lse, expect_lse, rtol=1e-6, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -1001,7 +1031,7 @@ def test_combine_past_32_bit_offsets_splits_rows(dtype, monkeypatch):
     for narrow in (combine.NARROW, buffer + 1, buffer, output):
         monkeypatch.setattr(combine, "NARROW", narrow)
         grid, _, _, got = _combine_bits(dtype, recv)
-        assert (grid == (hn, b, 1)) == (narrow > buffer), narrow
+        assert (grid == (hn + 1, b, 1)) == (narrow > buffer), narrow  # (+ the LSE blocks)
         outs.append(got)
     for other in outs[1:]:
         np.testing.assert_array_equal(outs[0][0], other[0])

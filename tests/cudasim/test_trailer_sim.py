@@ -104,8 +104,9 @@ def combine_ranks(dtype, d, odd_sig=None, odd_state=None, blocks=None):
         dtype, kernel_array(recv, bits), kernel_array(out, value),
         kernel_array(out_lse, np.float32), True,
         signed=(kernel_array(status, np.int64), kernel_array(state, np.int64)))
-    # a block a row: (H/N, B), and a block before the rows' that checks the trailer
-    assert blocks is None or (tuple(grid) == (HN + 1, B, 1)) == blocks
+    # a block a row: (H/N, B), a block before the rows' that checks the trailer and one
+    # after them that writes the output LSE
+    assert blocks is None or (tuple(grid) == (HN + 2, B, 1)) == blocks
     kernel(grid, block, 0, args)
     return out, out_lse, status, state, np.stack(xs), np.stack(lses)
 
