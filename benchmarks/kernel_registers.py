@@ -12,6 +12,13 @@ its tests against a row's end (``tested``) and, where the rows fill the slices a
 they do at these cells, without them (``whole``, the kernel the library launches:
 ``combine.whole_slices``).
 
+A second table does the same for the combine with a block a row (``_blocks``, the
+launch at few rows), as linked and capped at 40 and 32, with the blocks an SM that
+the registers and threads allow and the waves of its launch at B = 32 on 132 SMs (an
+H100 SXM's and an H200's) at the kernel bench's 64 x 128 and 128 x 512: a block a row
+for each of the ``B * H / N`` rows and one more a token for the output LSE (``lib``:
+whether the library launches a block a row there, :func:`combine.by_blocks`).
+
 The registers decide how many blocks fit an SM, and so whether a launch of a given
 number of warps runs as one wave (``benchmarks/NOTES.md``, 2026-12-05, fourth). The
 counts are this linker's: a GPU's driver may link the same PTX to a few registers
@@ -24,6 +31,10 @@ import sys
 from pathlib import Path
 
 CELLS = (("bfloat16", True, 64), ("float32", False, 128))  # (dtype, pairs, values a row)
+BLOCK_CELLS = (("bfloat16", True, 64, 128), ("float32", False, 64, 128),
+               ("bfloat16", True, 128, 512), ("float32", False, 128, 512))  # (dtype, pairs, H, D)
+SM_REGISTERS, SM_THREADS, SM_BLOCKS, WARP_GRANULE = 65536, 2048, 32, 256  # sm_90
+SMS, TOKENS = 132, 32  # the launches whose waves the second table gives
 
 
 def link_log(ptx, cc, max_registers=0):
@@ -52,6 +63,45 @@ def registers(log):
     if used is None:
         raise RuntimeError(f"no register count in the link log:\n{log}")
     return int(used.group(1)), int(spilled.group(1)) if spilled else 0
+
+
+def blocks_an_sm(registers_a_thread, threads):
+    """The blocks of ``threads`` threads that fit an sm_90 SM by its registers (allocated
+    a warp at a time in :data:`WARP_GRANULE`) and its threads and blocks."""
+    warps = -(-threads // 32)
+    a_warp = -(-registers_a_thread * 32 // WARP_GRANULE) * WARP_GRANULE
+    return min(SM_REGISTERS // (a_warp * warps), SM_THREADS // (warps * 32), SM_BLOCKS)
+
+
+def block_rows_table(cc, kernel_ptx):
+    """The second table: the combine with a block a row (the module docstring)."""
+    from cupy_dcp.kernels import combine
+    from cupy_dcp.kernels._format import as_dtype
+
+    print(f"\nthe block a row; registers / bytes spilled, blocks an SM, waves at B = {TOKENS} "
+          f"on {SMS} SMs", flush=True)
+    print(f"{'dtype':<16} {'N':>2} {'H x D':>9} {'lib':>3} {'threads':>7} {'values':>6}  "
+          f"{'as linked':>22}  "
+          f"{'at 40':>22}  {'at 32':>22}", flush=True)
+    for dtype_name, pairs, heads, head_dim in BLOCK_CELLS:
+        elements = head_dim // 2 if pairs else head_dim
+        for n in (2, 4, 8):
+            if not combine.by_blocks(elements, 1, 1, n):
+                continue
+            threads, values = combine.block_threads(elements), combine.block_values(elements)
+            kernel = combine.combine_kernel(as_dtype(dtype_name), pairs, threads, n, values, True)
+            ptx = kernel_ptx(kernel._dispatcher, kernel.argtypes, cc)
+            rows = TOKENS * heads // n
+            blocks = rows + TOKENS
+            lib = "yes" if combine.by_blocks(elements, TOKENS, rows, n) else "no"
+            cells = []
+            for cap in (0, 40, 32):
+                used, spilled = registers(link_log(ptx, cc, cap))
+                fit = blocks_an_sm(used, threads)
+                cells.append(f"{used:>3} / {spilled:<3} {fit:>2} {blocks / (fit * SMS):>5.2f}")
+            label = f"{dtype_name}{' pairs' if pairs else ''}"
+            print(f"{label:<16} {n:>2} {f'{heads} x {head_dim}':>9} {lib:>3} {threads:>7} {values:>6}  "
+                  + "  ".join(f"{c:>22}" for c in cells), flush=True)
 
 
 def main(cc):
@@ -96,6 +146,7 @@ def main(cc):
                     print(f"{label:<16} {n:>2} {unroll:>6} {name:>7}  {linked[0]:>4} / "
                           f"{linked[1]:<3}{' cap' if cap else '    '}  {at_64[0]:>4} / "
                           f"{at_64[1]:<3}", flush=True)
+    block_rows_table(cc, kernel_ptx)
 
 
 if __name__ == "__main__":
