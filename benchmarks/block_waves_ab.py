@@ -16,14 +16,15 @@ graph and grid, interleaved:
   grid, half the threads a block);
 - ``empty`` and ``copy``: the launch and copy floors of ``_floors`` in ``lib``'s grid.
 
-Inputs are random (values N(0, 1), LSEs spread over 8); the twins' outputs and output
+Inputs are ``combine_lean``'s (values N(0, 1), LSEs spread over 8); the twins' outputs and output
 LSEs are checked bit for bit against ``lib``'s. The last columns are each time over
 the empty kernel's (issue 27's target: 0.7 us).
 """
 
 import numpy as np
 
-from exact_cost import arguments, floor_launches
+from combine_lean import cell_buffers, time_cell
+from exact_cost import arguments
 
 CELLS = [("float32", 2, 32, 128, 512), ("float32", 4, 32, 128, 512),
          ("float32", 2, 8, 128, 512)]
@@ -53,38 +54,16 @@ def _twin(variant, codec, n, per, threads):
 def _launches(cupy, cell, rng):
     """``({variant: (kernel, grid, block, args)}, (recv, outs))`` of ``cell``, or ``None``
     where the library does not run it a block a row."""
-    from cupy_dcp.kernels import combine
-    from cupy_dcp.kernels._arrays import kernel_array
     from cupy_dcp.kernels._launch import SpecializedKernel
-    from cupy_dcp.layout import as_dtype, bits_dtype
-    from cupy_dcp.reference import pack_reference
 
-    dtype_name, n, B, H, D = cell
-    dtype = as_dtype(dtype_name)
-    hn = H // n
-    el = D // 2 if dtype.itemsize == 2 else D
-    if not combine.by_blocks(el, B, B * hn, combine.static_shards(n)):
+    made = cell_buffers(cupy, cell, rng, ("lib",) + TWINS)
+    if made is None:
         return None
-    bits = bits_dtype(dtype)
-    shards = [pack_reference(rng.standard_normal((B, hn, D)).astype(np.float32).astype(dtype),
-                             rng.uniform(-4, 4, (B, hn)).astype(np.float32), 1)[0]
-              for _ in range(n)]
-    recv = cupy.asarray(np.stack(shards).view(bits))
-    outs = {k: (cupy.zeros((B, hn, D), dtype=bits), cupy.zeros((B, hn), np.float32))
-            for k in ("lib",) + TWINS}
-    value = combine.combine_codec(dtype)[1]
-
-    def launch(key):
-        out, lse = outs[key]
-        return combine.combine_launch(dtype, kernel_array(recv, bits), kernel_array(out, value),
-                                      kernel_array(lse, np.float32), True)
-
+    recv, outs, launch, (codec, per, threads) = made
     launches = {"lib": launch("lib")}
     kernel, grid, block, _ = launches["lib"]
-    codec = "float32" if dtype.itemsize == 4 else combine.combine_codec(dtype, True)[0]
-    threads, per = combine.block_threads(el), combine.block_values(el)
     for variant in TWINS:
-        twin, twin_threads = _twin(variant, codec, n, per, threads)
+        twin, twin_threads = _twin(variant, codec, cell[1], per, threads)
         launches[variant] = (SpecializedKernel(twin, kernel.argtypes), grid,
                              (twin_threads,) + tuple(block[1:]), launch(variant)[3])
     return launches, (recv, outs)
@@ -94,8 +73,6 @@ def main():
     args, cells = arguments(__doc__.splitlines()[0], CELLS)
 
     import cupy
-
-    from cupy_dcp._kernel_bench import _interleaved_us
 
     rng = np.random.default_rng(0)
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -110,16 +87,9 @@ def main():
             if made is None:
                 continue
             launches, (recv, outs) = made
-            for kernel, grid, block, kargs in launches.values():
-                kernel(grid, block, stream.ptr, kargs)
-            stream.synchronize()
-            same = all(bool(cupy.array_equal(outs["lib"][i], outs[k][i]))
-                       for k in TWINS for i in (0, 1))
-            _, grid, block, _ = launches["lib"]
-            out, lse = outs["lib"]
-            timed = {**launches, **floor_launches(cupy, recv.nbytes, out.nbytes + lse.nbytes,
-                                                  grid, block)}
-            us = _interleaved_us(cupy, stream, timed, args.rounds, args.calls, args.reps)
+            us, same = time_cell(cupy, stream, launches, recv, outs, args, lambda: all(
+                bool(cupy.array_equal(outs["lib"][i], outs[k][i]))
+                for k in TWINS for i in (0, 1)))
             dtype_name, n, B, H, D = cell
             e = us["empty"]
             print(f"{f'{dtype_name} N={n} B={B} {H}x{D}':<28} {e:6.2f} {us['copy']:6.2f} "

@@ -66,20 +66,23 @@ def _twin_kernel(variant, codec, n, per, threads):
         _blocks.held_weights, _blocks.device_functions, _blocks._row_combiner = saved
 
 
-def _launches(cupy, cell, rng):
-    """``({variant: (kernel, grid, block, args)}, (recv, outs))`` of ``cell``, or ``None``
-    where the library does not run it a block a row."""
+def cell_buffers(cupy, cell, rng, keys):
+    """``(recv, outs, launch, row)`` of ``cell`` (dtype, N, B, H, D), or ``None`` where the
+    library does not run it a block a row: the received buffer of N packed shards of
+    random inputs (values N(0, 1), LSEs spread over 8) on the GPU; an output and an
+    output LSE (as bits) for each of ``keys``; ``launch(key, with_lse=True)``, the
+    library's ``combine_launch`` into ``key``'s, as ``(kernel, grid, block, args)``; and
+    ``row``, the block a row's ``(codec, per, threads)`` (``_blocks.blocks_kernel``'s)."""
     from cupy_dcp.kernels import combine
     from cupy_dcp.kernels._arrays import kernel_array
-    from cupy_dcp.kernels._launch import SpecializedKernel
     from cupy_dcp.layout import as_dtype, bits_dtype
     from cupy_dcp.reference import pack_reference
 
     dtype_name, n, B, H, D = cell
     dtype = as_dtype(dtype_name)
     hn = H // n
-    if not combine.by_blocks(D // 2 if dtype.itemsize == 2 else D, B, B * hn,
-                             combine.static_shards(n)):
+    el = D // 2 if dtype.itemsize == 2 else D
+    if not combine.by_blocks(el, B, B * hn, combine.static_shards(n)):
         return None
     bits = bits_dtype(dtype)
     shards = [pack_reference(rng.standard_normal((B, hn, D)).astype(np.float32).astype(dtype),
@@ -87,7 +90,7 @@ def _launches(cupy, cell, rng):
               for _ in range(n)]
     recv = cupy.asarray(np.stack(shards).view(bits))
     outs = {k: (cupy.zeros((B, hn, D), dtype=bits), cupy.zeros((B, hn), np.float32))
-            for k in ("lib", "no_lse") + TWINS}
+            for k in keys}
     value = combine.combine_codec(dtype)[1]
 
     def launch(key, with_lse=True):
@@ -95,11 +98,41 @@ def _launches(cupy, cell, rng):
         return combine.combine_launch(dtype, kernel_array(recv, bits), kernel_array(out, value),
                                       kernel_array(lse, np.float32) if with_lse else None, True)
 
-    launches = {"lib": launch("lib"), "no_lse": launch("no_lse", False)}
-    kernel, grid, block, args = launches["lib"]
     codec = "float32" if dtype.itemsize == 4 else combine.combine_codec(dtype, True)[0]
-    el = D // 2 if dtype.itemsize == 2 else D
-    threads, per = combine.block_threads(el), combine.block_values(el)
+    return recv, outs, launch, (codec, combine.block_values(el), combine.block_threads(el))
+
+
+def time_cell(cupy, stream, launches, recv, outs, args, same):
+    """``(us, equal)``: each of ``launches`` (``{name: (kernel, grid, block, args)}``, one
+    named ``lib``) run once on ``stream``, ``same()`` then (whether their outputs agree as
+    the caller requires), and the microseconds a call of each and of the empty kernel and
+    the copy of ``lib``'s bytes in its grid (``empty``, ``copy``), interleaved in CUDA
+    graphs as ``args`` (rounds, calls, reps) say."""
+    from cupy_dcp._kernel_bench import _interleaved_us
+
+    for kernel, grid, block, kargs in launches.values():
+        kernel(grid, block, stream.ptr, kargs)
+    stream.synchronize()
+    equal = same()
+    _, grid, block, _ = launches["lib"]
+    out, lse = outs["lib"]
+    timed = {**launches, **floor_launches(cupy, recv.nbytes, out.nbytes + lse.nbytes,
+                                          grid, block)}
+    return _interleaved_us(cupy, stream, timed, args.rounds, args.calls, args.reps), equal
+
+
+def _launches(cupy, cell, rng):
+    """``({variant: (kernel, grid, block, args)}, (recv, outs))`` of ``cell``, or ``None``
+    where the library does not run it a block a row."""
+    from cupy_dcp.kernels._launch import SpecializedKernel
+
+    made = cell_buffers(cupy, cell, rng, ("lib", "no_lse") + TWINS)
+    if made is None:
+        return None
+    recv, outs, launch, (codec, per, threads) = made
+    launches = {"lib": launch("lib"), "no_lse": launch("no_lse", False)}
+    kernel, grid, block, _ = launches["lib"]
+    n = cell[1]
     for variant in TWINS:
         twin = _twin_kernel(variant, codec, n, per, threads)
         launches[variant] = (SpecializedKernel(twin, kernel.argtypes), grid, block,
@@ -111,8 +144,6 @@ def main():
     args, cells = arguments(__doc__.splitlines()[0], CELLS)
 
     import cupy
-
-    from cupy_dcp._kernel_bench import _interleaved_us
 
     rng = np.random.default_rng(0)
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -128,17 +159,10 @@ def main():
             if made is None:
                 continue
             launches, (recv, outs) = made
-            for kernel, grid, block, kargs in launches.values():
-                kernel(grid, block, stream.ptr, kargs)
-            stream.synchronize()
             # the library's values whatever its output LSE: none, or at vLLM's precision
-            same = all(bool(cupy.array_equal(outs["lib"][0], outs[k][0]))
-                       for k in ("no_lse", "fast_lse"))
-            _, grid, block, _ = launches["lib"]
-            out, lse = outs["lib"]
-            timed = {**launches, **floor_launches(cupy, recv.nbytes, out.nbytes + lse.nbytes,
-                                                  grid, block)}
-            us = _interleaved_us(cupy, stream, timed, args.rounds, args.calls, args.reps)
+            us, same = time_cell(cupy, stream, launches, recv, outs, args, lambda: all(
+                bool(cupy.array_equal(outs["lib"][0], outs[k][0]))
+                for k in ("no_lse", "fast_lse")))
             dtype_name, n, B, H, D = cell
             label = f"{dtype_name} N={n} B={B} {H}x{D}"
             e = us["empty"]
