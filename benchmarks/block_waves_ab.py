@@ -18,9 +18,9 @@ graph and grid, interleaved:
 
 The first cell is the one past a wave; the others (below a wave, several waves at
 B = 128, bf16 pairs) say whether a twin's gain there follows the waves or the shape.
-Inputs are ``combine_lean``'s (values N(0, 1), LSEs spread over 8); the twins' outputs and output
-LSEs are checked bit for bit against ``lib``'s. The last columns are each time over
-the empty kernel's (issue 27's target: 0.7 us).
+Inputs are ``combine_lean``'s (values N(0, 1), LSEs spread over 8); the twins' outputs
+and output LSEs are checked bit for bit against ``lib``'s. The last columns are each
+time over the empty kernel's (issue 27's target: 0.7 us).
 """
 
 import numpy as np
@@ -30,8 +30,7 @@ from exact_cost import arguments
 
 CELLS = [("float32", 2, 32, 128, 512), ("float32", 4, 32, 128, 512),
          ("float32", 2, 8, 128, 512), ("float32", 2, 128, 128, 512),
-         ("bfloat16", 2, 8, 128, 512),
-         ("bfloat16", 8, 32, 128, 512)]
+         ("bfloat16", 2, 8, 128, 512), ("bfloat16", 8, 32, 128, 512)]
 TWINS = ("cap32", "t64")
 
 
